@@ -1,0 +1,43 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install system-deps test lint demo serve bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[engine,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# System packages the tests need: a real redis-server and Chromium for the browser test.
+system-deps:
+	@need=""; \
+	command -v redis-server >/dev/null || need="$$need redis-server"; \
+	command -v chromium >/dev/null || need="$$need chromium"; \
+	if [ -n "$$need" ]; then \
+	  echo "installing:$$need"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$need; \
+	fi
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: install system-deps lint
+	$(BIN)/python -m pytest
+
+demo: install
+	$(BIN)/kvroute demo
+
+serve: install
+	$(BIN)/kvroute serve
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

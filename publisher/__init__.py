@@ -1,0 +1,1 @@
+"""ZMQ KV event publisher, wire-compatible with vLLM's."""

@@ -1,0 +1,1 @@
+"""The cache-aware router: event ingestion, per-group prefix index, HMA scoring, REST API."""

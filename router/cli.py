@@ -1,0 +1,42 @@
+"""The ``kvroute`` console script: a thin dispatcher.
+
+Each subcommand lives in its own module with a ``main(argv) -> int`` and is imported only
+when asked for, so ``kvroute serve`` never imports torch (only ``kvroute engine`` does).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("router.serve", "run the cache-aware router (REST API + event ingestion)"),
+    "engine": ("offload_core.engine", "run a simulated engine worker that publishes KV events"),
+    "demo": ("router.demo", "start engines + router, replay a workload, compare policies"),
+    "bench": ("router.bench", "benchmarks (e.g. `kvroute bench routing --trace FILE`)"),
+    "tail": ("router.tail", "pretty-print a live vLLM-format KV event stream"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: kvroute <command> [options]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines.append("\nrun `kvroute <command> --help` for a command's options")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"kvroute: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

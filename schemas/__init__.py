@@ -1,0 +1,37 @@
+"""Wire structs (vLLM-compatible KV events) and REST models. No I/O here."""
+
+from schemas.decode import DecodeError, DecodeStats, decode_batch
+from schemas.wire import (
+    MEDIA,
+    MEDIUM_CPU,
+    MEDIUM_GPU,
+    MEDIUM_STORAGE,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    ExternalBlockHash,
+    KVCacheEvent,
+    KVEvent,
+    KVEventBatch,
+    encode_batch,
+)
+
+__all__ = [
+    "MEDIA",
+    "MEDIUM_CPU",
+    "MEDIUM_GPU",
+    "MEDIUM_STORAGE",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "DecodeError",
+    "DecodeStats",
+    "EventBatch",
+    "ExternalBlockHash",
+    "KVCacheEvent",
+    "KVEvent",
+    "KVEventBatch",
+    "decode_batch",
+    "encode_batch",
+]

@@ -1,0 +1,169 @@
+"""The one safe decoder for KV event payloads.
+
+Why two paths: almost every payload on a live fleet is vLLM's current form, which a typed
+msgspec decode handles at full speed. Anything else (legacy positional events, more or
+fewer fields, unknown event types, unknown fields) fails that strict decode and is then
+normalised event by event on the slow path, which counts what it had to skip.
+
+``decode_batch`` raises only ``DecodeError``; callers count it and carry on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgspec
+
+from schemas.wire import (
+    BLOCK_REMOVED_FIELDS,
+    BLOCK_STORED_FIELDS,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVCacheEvent,
+    KVEventBatch,
+)
+
+
+class DecodeError(ValueError):
+    """A payload that is not a KV event batch at all (garbage, wrong shape, bad types)."""
+
+
+@dataclass
+class DecodeStats:
+    """Counters the slow path fills in; the router exports them as metrics."""
+
+    batches: int = 0
+    slow_path_batches: int = 0
+    legacy_events: int = 0
+    unknown_event_types: int = 0
+    unknown_fields: int = 0
+    malformed_events: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# Strict twins of the wire structs: identical fields and tags, but unknown map keys are
+# an error, so a payload carrying them leaves the fast path and gets counted.
+class _StrictBlockStored(BlockStored, forbid_unknown_fields=True, tag="BlockStored"):
+    pass
+
+
+class _StrictBlockRemoved(BlockRemoved, forbid_unknown_fields=True, tag="BlockRemoved"):
+    pass
+
+
+class _StrictAllBlocksCleared(AllBlocksCleared, forbid_unknown_fields=True, tag="AllBlocksCleared"):
+    pass
+
+
+class _StrictBatch(EventBatch):
+    events: list[_StrictBlockStored | _StrictBlockRemoved | _StrictAllBlocksCleared]
+
+
+_fast_decoder = msgspec.msgpack.Decoder(_StrictBatch)
+_generic_decoder = msgspec.msgpack.Decoder()
+
+_MAP_TYPES: dict[str, type[KVCacheEvent]] = {
+    "BlockStored": BlockStored,
+    "BlockRemoved": BlockRemoved,
+    "AllBlocksCleared": AllBlocksCleared,
+}
+_POSITIONAL: dict[str, tuple[str, ...]] = {
+    "BlockStored": BLOCK_STORED_FIELDS,
+    "BlockRemoved": BLOCK_REMOVED_FIELDS,
+    "AllBlocksCleared": (),
+}
+# Fields an old engine may leave out of a positional event; filled with None.
+_OPTIONAL_POSITIONAL = {"medium", "lora_name", "lora_id", "parent_block_hash"}
+
+
+def decode_batch(payload: bytes, stats: DecodeStats | None = None) -> KVEventBatch:
+    """Decode one payload into a ``KVEventBatch``; raise only ``DecodeError``."""
+    if stats is None:
+        stats = DecodeStats()
+    stats.batches += 1
+    try:
+        fast = _fast_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
+        pass
+    else:
+        # The strict subclasses are BlockStored/BlockRemoved/... themselves.
+        return KVEventBatch(fast.ts, fast.events, fast.data_parallel_rank)  # type: ignore[arg-type]
+    stats.slow_path_batches += 1
+    return _decode_slow(payload, stats)
+
+
+def _decode_slow(payload: bytes, stats: DecodeStats) -> KVEventBatch:
+    try:
+        raw = _generic_decoder.decode(payload)
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:
+        raise DecodeError(f"not msgpack: {exc}") from None
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise DecodeError("batch must be an array [ts, events, data_parallel_rank?]")
+    ts, events = raw[0], raw[1]
+    dp_rank = raw[2] if len(raw) > 2 else None
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        raise DecodeError("batch ts must be a number")
+    if not isinstance(events, list):
+        raise DecodeError("batch events must be an array")
+    if dp_rank is not None and (isinstance(dp_rank, bool) or not isinstance(dp_rank, int)):
+        raise DecodeError("batch data_parallel_rank must be an int or nil")
+    if len(raw) > 3:
+        stats.unknown_fields += len(raw) - 3
+    out: list[Any] = []
+    for item in events:
+        event = _normalise_event(item, stats)
+        if event is not None:
+            out.append(event)
+    return KVEventBatch(float(ts), out, dp_rank)
+
+
+def _normalise_event(item: Any, stats: DecodeStats) -> KVCacheEvent | None:
+    if isinstance(item, dict):
+        tag = item.get("type")
+        cls = _MAP_TYPES.get(tag) if isinstance(tag, str) else None
+        if cls is None:
+            stats.unknown_event_types += 1
+            return None
+        known = set(cls.__struct_fields__)
+        data = {k: v for k, v in item.items() if k in known}
+        stats.unknown_fields += len(item) - 1 - len(data)
+    elif isinstance(item, list) and item and isinstance(item[0], str):
+        tag = item[0]
+        names = _POSITIONAL.get(tag)
+        if names is None:
+            stats.unknown_event_types += 1
+            return None
+        cls = _MAP_TYPES[tag]
+        stats.legacy_events += 1
+        values = item[1:]
+        if len(values) > len(names):
+            stats.unknown_fields += len(values) - len(names)
+        data = dict(zip(names, values, strict=False))
+        required = [
+            f for f, d in zip(cls.__struct_fields__, _defaults(cls), strict=True) if d is _NODEFAULT
+        ]
+        for name in required:
+            if name not in data and name in _OPTIONAL_POSITIONAL:
+                data[name] = None
+    else:
+        stats.malformed_events += 1
+        return None
+    try:
+        return msgspec.convert(data, cls)
+    except (msgspec.ValidationError, TypeError, ValueError):
+        stats.malformed_events += 1
+        return None
+
+
+_NODEFAULT = object()
+
+
+def _defaults(cls: type[msgspec.Struct]) -> list[Any]:
+    n_fields = len(cls.__struct_fields__)
+    defaults = list(cls.__struct_defaults__)
+    return [_NODEFAULT] * (n_fields - len(defaults)) + defaults

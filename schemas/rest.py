@@ -1,0 +1,119 @@
+"""REST request/response models of the router's v1 API (DESIGN §4).
+
+Pydantic models because FastAPI validates and documents them (OpenAPI) for free; the
+hot wire path uses msgspec instead. Field names are the stable public contract.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx answer: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorBody
+
+
+class WorkerCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: str = Field(pattern=WORKER_ID_PATTERN)
+    endpoint: str = Field(min_length=1, description="ZMQ PUB endpoint, e.g. tcp://host:5557")
+    replay_endpoint: str | None = Field(default=None, description="ZMQ replay ROUTER endpoint")
+    topic: str = Field(default="", description="topic prefix filter; empty = every topic")
+    model: str | None = None
+    http_endpoint: str | None = Field(
+        default=None, description="engine HTTP base URL returned by /v1/route"
+    )
+
+
+class GroupInfo(BaseModel):
+    kind: str
+    block_size: int
+    sliding_window: int | None = None
+    blocks_by_medium: dict[str, int] = Field(default_factory=dict)
+
+
+class WorkerInfo(BaseModel):
+    worker_id: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+    model: str | None = None
+    http_endpoint: str | None = None
+    state: Literal["connecting", "connected", "resyncing", "disconnected"]
+    hash_mode: Literal["unknown", "engine", "canonical"] = "unknown"
+    last_seq: dict[str, int] = Field(default_factory=dict, description="per DP rank")
+    events: int = 0
+    gaps: int = 0
+    replays: int = 0
+    resyncs: int = 0
+    groups: dict[int, GroupInfo] = Field(default_factory=dict)
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerInfo]
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[StrictInt]
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    workers: list[str] | None = None
+
+
+class GroupScore(BaseModel):
+    group_idx: int
+    kind: str | None = None
+    block_size: int | None = None
+    learned: bool = True
+    hit_tokens: int = 0
+    hit_tokens_gpu: int = 0
+
+
+class WorkerScore(BaseModel):
+    worker_id: str
+    hit_tokens: int
+    hit_tokens_gpu: int
+    score: float
+    learned: bool = True
+    groups: list[GroupScore] = Field(default_factory=list)
+
+
+class ScoreResponse(BaseModel):
+    request_tokens: int
+    workers: list[WorkerScore]
+
+
+class RouteRequest(ScoreRequest):
+    request_id: str | None = Field(default=None, max_length=256)
+    policy: str | None = None
+
+
+class RouteCandidate(BaseModel):
+    worker_id: str
+    hit_tokens: int
+    hit_tokens_gpu: int
+    score: float
+    load: float = 0.0
+    cost: float = 0.0
+
+
+class RouteResponse(BaseModel):
+    request_id: str
+    worker_id: str
+    endpoint: str | None
+    hit_tokens: int
+    candidates: list[RouteCandidate]
