@@ -1,0 +1,198 @@
+"""The storage vocabulary of the router's prefix index and the backend ABC.
+
+The index key is always (worker, group, block key) with a per-block bitmask of the media
+holding it. Block keys are the router's *canonical* chain keys (``router.hash_modes``); the
+engine's own wire hashes only reach the index through a per-(worker, block size) map
+engine hash -> key, used to resolve removals, parents and token-less (offloaded) stores.
+
+Why one coarse ``apply`` per batch instead of per-block calls: the ingest target is
+hundreds of thousands of block events per second, so the write side hands a backend one
+list of already-hashed operations per batch (one Redis round trip), and the read side asks
+for every worker's membership in one ``fetch`` (one Redis round trip).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import msgspec
+
+from offload_core.hit_rule import GroupSpec
+from schemas.wire import MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE
+
+# Media as bits of one small int per block: cheap to store, OR together and test.
+GPU_BIT = 1
+CPU_BIT = 2
+STORAGE_BIT = 4
+MEDIUM_BITS: dict[str, int] = {
+    MEDIUM_GPU: GPU_BIT,
+    MEDIUM_CPU: CPU_BIT,
+    MEDIUM_STORAGE: STORAGE_BIT,
+}
+BIT_MEDIA: tuple[tuple[int, str], ...] = tuple((b, m) for m, b in MEDIUM_BITS.items())
+
+HASH_MODES = ("unknown", "engine", "canonical")
+
+# An engine's wire hash (low-64 int or digest bytes) and the router's canonical key.
+EngineHash = int | bytes
+BlockKey = int
+
+
+class IndexUnavailable(Exception):
+    """The index backend cannot be reached (Redis down); the API answers 503."""
+
+
+class GroupMeta(msgspec.Struct, frozen=True, array_like=True):
+    """What was learned about one (worker, group) from its events."""
+
+    kind: str
+    block_size: int
+    sliding_window: int | None = None
+
+    def spec(self) -> GroupSpec:
+        return GroupSpec(self.kind, self.block_size, self.sliding_window)
+
+    @property
+    def rule(self) -> str:
+        return self.spec().rule
+
+
+class StoreOp(NamedTuple):
+    """Blocks entering ``medium_bit`` in ``group``; ``keys[i]`` is the key of ``hashes[i]``.
+
+    A backend keeps an existing mapping of an engine hash (first writer wins), so two
+    groups of one block size share the map entry and its key object.
+    """
+
+    group: int
+    medium_bit: int
+    hashes: list[EngineHash]
+    keys: list[BlockKey]
+
+
+class RemoveOp(NamedTuple):
+    """Blocks leaving ``medium_bit`` in ``group``, named by engine hash (resolved by the map)."""
+
+    group: int
+    medium_bit: int
+    hashes: list[EngineHash]
+
+
+class ClearOp(NamedTuple):
+    """AllBlocksCleared: every entry and map of the worker goes; metadata stays."""
+
+
+Op = StoreOp | RemoveOp | ClearOp
+
+
+@dataclass
+class ApplyResult:
+    """What one ``apply`` changed; idempotent repeats are counted apart."""
+
+    stored: int = 0
+    stored_repeat: int = 0
+    removed: int = 0
+    removed_missing: int = 0
+
+    def add(self, other: ApplyResult) -> None:
+        self.stored += other.stored
+        self.stored_repeat += other.stored_repeat
+        self.removed += other.removed
+        self.removed_missing += other.removed_missing
+
+
+@dataclass
+class WorkerState:
+    """A worker's metadata as persisted in the backend."""
+
+    groups: dict[int, GroupMeta] = field(default_factory=dict)
+    hash_mode: str = "unknown"
+
+
+@dataclass
+class WorkerSnapshot:
+    """One worker's membership for one request, as ``fetch`` returns it.
+
+    ``masks[g]`` holds the media bitmask of the request's blocks ``0..n-1`` for group
+    ``g``, truncated: after the first miss for full-attention groups, after the last hit
+    (and never beyond the shortest full-attention prefix) for the others. Truncation is
+    exact for the hit rule: a block past the end of a list counts as a miss.
+    """
+
+    groups: dict[int, GroupMeta]
+    masks: dict[int, list[int]]
+
+
+class IndexBackend(ABC):
+    """Storage behind the router: entries, the engine-hash map and per-worker metadata.
+
+    Every method may raise ``IndexUnavailable``; none raises for unknown workers.
+    """
+
+    kind: str = "abstract"
+
+    @abstractmethod
+    async def ping(self) -> bool:
+        """True when the backend answers (``/readyz``)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections; the object is unusable afterwards."""
+
+    @abstractmethod
+    async def stats(self) -> dict[str, int | float | str]:
+        """``workers``, ``entries`` ((worker, group, block) entries), ``map_entries`` and a
+        ``bytes`` estimate (memory: tracemalloc-calibrated; redis: used_memory)."""
+
+    @abstractmethod
+    async def load_worker(self, worker_id: str) -> WorkerState | None:
+        """The persisted metadata of a worker, or None when it was never seen."""
+
+    @abstractmethod
+    async def save_worker(self, worker_id: str, state: WorkerState) -> None:
+        """Persist a worker's metadata (creates the worker if needed)."""
+
+    @abstractmethod
+    async def known_workers(self) -> list[str]:
+        """Every worker with persisted metadata, sorted."""
+
+    @abstractmethod
+    async def resolve(
+        self, worker_id: str, block_size: int, hashes: Sequence[EngineHash]
+    ) -> list[BlockKey | None]:
+        """Map engine hashes to block keys (None where the map does not know the hash)."""
+
+    @abstractmethod
+    async def apply(
+        self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
+    ) -> ApplyResult:
+        """Apply ``ops`` in order. ``groups`` is the worker's full group metadata (every
+        group an op names must be in it). Store/remove are idempotent per
+        (worker, group, key, medium); a key whose mask drops to 0 is deleted, and its map
+        entry too once no group of that block size holds the key."""
+
+    @abstractmethod
+    async def clear_worker(self, worker_id: str) -> None:
+        """Drop the worker's entries and maps; keep its metadata."""
+
+    @abstractmethod
+    async def remove_worker(self, worker_id: str) -> None:
+        """Drop entries, maps and metadata; work proportional to the worker's blocks."""
+
+    @abstractmethod
+    async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
+        """Per group, the number of blocks on each medium (``blocks_by_medium``)."""
+
+    @abstractmethod
+    async def fetch(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> dict[str, WorkerSnapshot | None]:
+        """Membership of the request's blocks for every worker, in one backend call.
+
+        ``keys_by_size[b]`` are the request's block keys for block size ``b``. A worker
+        never seen maps to None. Groups whose block size is missing from
+        ``keys_by_size`` get an empty list.
+        """
