@@ -1,0 +1,260 @@
+"""The data path: per-group KV tensors and a worker that moves blocks between tiers.
+
+Each group owns a device tensor ``[num_gpu_blocks, 2, block_size, num_heads, head_dim]``
+(K and V) and a CPU tensor of the same shape with ``num_cpu_blocks`` rows (pinned when the
+device is CUDA, so copies can be asynchronous). Block ids index the first dimension in
+both tiers: the GPU pool's ids on the device, the CPU manager's ``CPULoadStoreSpec`` ids
+on the host.
+
+A transfer moves a *set* of blocks with one gather (``index_select``) and one scatter
+(``index_copy_``) per group. On CUDA the device side runs on a dedicated stream and the
+host side is finished when its event has fired; ``poll``/``wait`` then report completion
+to the offloading manager (``complete_store`` / ``complete_load``), exactly once per job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from offload_core.base import OffloadingManager, OffloadKey, ReqContext, get_offload_group_idx
+from offload_core.cpu.common import CPULoadStoreSpec
+from offload_core.hashing import external_hash
+from offload_core.hit_rule import GroupSpec
+
+_MOD = 65521  # prime < 2**16: pattern values are exact in float32
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class KVBuffers:
+    """The KV tensors of every group on the device and in (pinned) host memory."""
+
+    def __init__(
+        self,
+        groups: Sequence[GroupSpec],
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        num_heads: int = 2,
+        head_dim: int = 8,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.groups = list(groups)
+        self.device = torch.device(device) if device is not None else default_device()
+        self.dtype = dtype
+        self.pinned = self.device.type == "cuda"
+        self.gpu = [
+            torch.zeros((num_gpu_blocks, 2, g.block_size, num_heads, head_dim), dtype=dtype,
+                        device=self.device)
+            for g in self.groups
+        ]  # fmt: skip
+        self.cpu = [
+            torch.zeros((num_cpu_blocks, 2, g.block_size, num_heads, head_dim), dtype=dtype,
+                        pin_memory=self.pinned)
+            for g in self.groups
+        ]  # fmt: skip
+        self._offsets: list[torch.Tensor | None] = [None] * len(self.groups)
+
+    def block_bytes(self, group: int) -> int:
+        t = self.gpu[group]
+        return t[0].numel() * t.element_size()
+
+    # ---------------------------------------------------- deterministic contents
+    def pattern(self, group: int, digests: Sequence[bytes]) -> torch.Tensor:
+        """The KV values of blocks ``digests`` of ``group`` (a function of group, hash and
+        position in the block), shaped like ``gpu[group][ids]``, on the device."""
+        offsets = self._offsets[group]
+        if offsets is None:
+            shape = self.gpu[group].shape[1:]
+            n = int(torch.Size(shape).numel())
+            offsets = (torch.arange(n, dtype=torch.int64, device=self.device) * 40503) % _MOD
+            offsets = offsets.view(shape)
+            self._offsets[group] = offsets
+        seeds = torch.tensor(
+            [(external_hash(d) ^ (group * 0x9E3779B97F4A7C15)) % _MOD for d in digests],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        values = (seeds.view(-1, *([1] * offsets.dim())) + offsets) % _MOD
+        return values.to(self.dtype)
+
+    def write(self, group: int, block_ids: Sequence[int], digests: Sequence[bytes]) -> None:
+        """Fill device blocks with their deterministic values (what "compute" produces)."""
+        if not block_ids:
+            return
+        idx = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+        self.gpu[group].index_copy_(0, idx, self.pattern(group, digests))
+
+    def matches(self, group: int, block_ids: Sequence[int], digests: Sequence[bytes]) -> bool:
+        """True when the device blocks hold exactly the values of ``digests``."""
+        if not block_ids:
+            return True
+        idx = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+        return bool(torch.equal(self.gpu[group].index_select(0, idx), self.pattern(group, digests)))
+
+
+@dataclass(slots=True)
+class _Job:
+    job_id: int
+    kind: str  # "store" | "load"
+    keys: list[OffloadKey]
+    ctx: ReqContext
+    nbytes: int
+    started: float
+    event: Any = None  # torch.cuda.Event when asynchronous
+    # Host-side scatters still to run once the event fired: (cpu tensor, cpu ids, staging).
+    host_scatter: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
+        default_factory=list
+    )
+    keep_alive: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TransferStats:
+    store_jobs: int = 0
+    load_jobs: int = 0
+    store_bytes: int = 0
+    load_bytes: int = 0
+    store_seconds: float = 0.0
+    load_seconds: float = 0.0
+
+
+class TransferWorker:
+    """Copies block sets device->host (store) and host->device (load)."""
+
+    def __init__(self, buffers: KVBuffers, manager: OffloadingManager) -> None:
+        self.buffers = buffers
+        self.manager = manager
+        self.stats = TransferStats()
+        self._next_id = 0
+        self._jobs: dict[int, _Job] = {}
+        self._cuda = buffers.device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=buffers.device) if self._cuda else None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    # ---------------------------------------------------------------- submit
+    def store(
+        self,
+        keys: Sequence[OffloadKey],
+        gpu_block_ids: Sequence[int],
+        spec: CPULoadStoreSpec,
+        ctx: ReqContext,
+    ) -> int:
+        """Copy device blocks to the CPU ids of ``spec`` (from ``prepare_store``)."""
+        job = self._new_job("store", keys, ctx)
+        buf = self.buffers
+        for g, gpu_ids, cpu_ids in self._by_group(keys, gpu_block_ids, spec.block_ids):
+            job.nbytes += len(gpu_ids) * buf.block_bytes(g)
+            gidx = torch.tensor(gpu_ids, dtype=torch.int64, device=buf.device)
+            cidx = torch.tensor(cpu_ids, dtype=torch.int64)
+            if self._stream is None:
+                buf.cpu[g].index_copy_(0, cidx, buf.gpu[g].index_select(0, gidx))
+                continue
+            self._stream.wait_stream(torch.cuda.current_stream(buf.device))
+            with torch.cuda.stream(self._stream):
+                gathered = buf.gpu[g].index_select(0, gidx)
+                staging = torch.empty(gathered.shape, dtype=buf.dtype, pin_memory=True)
+                staging.copy_(gathered, non_blocking=True)
+            job.keep_alive += [gathered, gidx]
+            job.host_scatter.append((buf.cpu[g], cidx, staging))
+        self._finish_submit(job)
+        return job.job_id
+
+    def load(
+        self,
+        keys: Sequence[OffloadKey],
+        spec: CPULoadStoreSpec,
+        gpu_block_ids: Sequence[int],
+        ctx: ReqContext,
+    ) -> int:
+        """Copy the CPU ids of ``spec`` (from ``prepare_load``) into device blocks."""
+        job = self._new_job("load", keys, ctx)
+        buf = self.buffers
+        for g, gpu_ids, cpu_ids in self._by_group(keys, gpu_block_ids, spec.block_ids):
+            job.nbytes += len(gpu_ids) * buf.block_bytes(g)
+            gidx = torch.tensor(gpu_ids, dtype=torch.int64, device=buf.device)
+            cidx = torch.tensor(cpu_ids, dtype=torch.int64)
+            if self._stream is None:
+                buf.gpu[g].index_copy_(0, gidx, buf.cpu[g].index_select(0, cidx))
+                continue
+            staging = torch.empty(
+                (len(cpu_ids), *buf.cpu[g].shape[1:]), dtype=buf.dtype, pin_memory=True
+            )
+            torch.index_select(buf.cpu[g], 0, cidx, out=staging)
+            self._stream.wait_stream(torch.cuda.current_stream(buf.device))
+            with torch.cuda.stream(self._stream):
+                on_device = staging.to(buf.device, non_blocking=True)
+                buf.gpu[g].index_copy_(0, gidx, on_device)
+            job.keep_alive += [staging, on_device, gidx]
+        self._finish_submit(job)
+        return job.job_id
+
+    # -------------------------------------------------------------- complete
+    def poll(self) -> list[int]:
+        """Complete every finished job (reporting to the manager); returns their ids."""
+        done = [j for j in self._jobs.values() if j.event is None or j.event.query()]
+        for job in done:
+            self._complete(job)
+        return [j.job_id for j in done]
+
+    def wait(self, job_id: int | None = None) -> None:
+        """Block until one job (or every job) is complete and reported."""
+        jobs = list(self._jobs.values()) if job_id is None else [self._jobs[job_id]]
+        for job in jobs:
+            if job.event is not None:
+                job.event.synchronize()
+            self._complete(job)
+
+    # ---------------------------------------------------------------- helpers
+    def _new_job(self, kind: str, keys: Sequence[OffloadKey], ctx: ReqContext) -> _Job:
+        self._next_id += 1
+        return _Job(self._next_id, kind, list(keys), ctx, 0, time.perf_counter())
+
+    def _finish_submit(self, job: _Job) -> None:
+        if self._stream is not None:
+            job.event = torch.cuda.Event()
+            job.event.record(self._stream)
+            # Later device work (reusing a stored slot, reading a loaded block) is ordered
+            # after this copy without blocking the host.
+            torch.cuda.current_stream(self.buffers.device).wait_event(job.event)
+        self._jobs[job.job_id] = job
+
+    def _complete(self, job: _Job) -> None:
+        for cpu, cidx, staging in job.host_scatter:
+            cpu.index_copy_(0, cidx, staging)
+        del self._jobs[job.job_id]
+        elapsed = time.perf_counter() - job.started
+        s = self.stats
+        if job.kind == "store":
+            s.store_jobs += 1
+            s.store_bytes += job.nbytes
+            s.store_seconds += elapsed
+            self.manager.complete_store(job.keys, job.ctx, success=True)
+        else:
+            s.load_jobs += 1
+            s.load_bytes += job.nbytes
+            s.load_seconds += elapsed
+            self.manager.complete_load(job.keys, job.ctx)
+
+    @staticmethod
+    def _by_group(
+        keys: Sequence[OffloadKey], gpu_ids: Sequence[int], cpu_ids: Sequence[int]
+    ) -> list[tuple[int, list[int], list[int]]]:
+        if not len(keys) == len(gpu_ids) == len(cpu_ids):
+            raise ValueError("keys, GPU block ids and CPU block ids must align")
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        for key, gid, cid in zip(keys, gpu_ids, cpu_ids, strict=True):
+            gg, cc = groups.setdefault(get_offload_group_idx(key), ([], []))
+            gg.append(gid)
+            cc.append(cid)
+        return [(g, gg, cc) for g, (gg, cc) in sorted(groups.items())]
