@@ -1,12 +1,46 @@
-"""Write side: apply decoded KV event batches to an index backend. (facade; filling in)"""
+"""Write side: apply decoded KV event batches to an index backend.
+
+A batch goes through two passes and at most three backend calls: collect the engine
+hashes the batch cannot resolve by itself (parents stored earlier, token-less offload
+stores), ``resolve`` them, then turn every event into a keyed operation in order and hand
+the list to ``apply`` (one Redis round trip). Learned metadata (group kind / block size /
+window, hash mode) is saved first, when it changed, so blocks never exist in the backend
+without the metadata needed to score them.
+
+Bad input is counted, never raised: an event with an unknown medium, a token count that
+does not match its blocks, or a store whose parent was never seen (``unknown_parent``;
+its key cannot be computed, so it is not guessed). Only ``IndexUnavailable`` escapes, so
+the transport can retry the batch (every operation is idempotent).
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 
-from router.index.base import IndexBackend
-from schemas import KVEventBatch
+from router.hash_modes import (
+    chain_keys,
+    detect_engine_hash,
+    key_bytes,
+    root_digest,
+    split_extra_keys,
+)
+from router.index.base import (
+    MEDIUM_BITS,
+    BlockKey,
+    ClearOp,
+    EngineHash,
+    GroupMeta,
+    IndexBackend,
+    Op,
+    RemoveOp,
+    StoreOp,
+    WorkerState,
+)
+from schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from schemas.rest import GroupInfo
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -17,21 +51,24 @@ class IngestCounters:
     events_stored: int = 0
     events_removed: int = 0
     events_cleared: int = 0
-    events_unknown: int = 0
-    blocks_stored: int = 0
-    blocks_stored_repeat: int = 0
+    events_unknown: int = 0  # event objects of a type the ingestor does not know
+    blocks_stored: int = 0  # (worker, group, key, medium) entries newly set
+    blocks_stored_repeat: int = 0  # idempotent repeats
     blocks_removed: int = 0
-    blocks_removed_missing: int = 0
-    unknown_parent: int = 0
-    unresolved_blocks: int = 0
-    bad_events: int = 0
-    group_changes: int = 0
+    blocks_removed_missing: int = 0  # removal of an entry not held (repeat or never seen)
+    unknown_parent: int = 0  # blocks not indexed: parent hash never seen
+    unresolved_blocks: int = 0  # token-less blocks whose hash the map does not know
+    bad_events: int = 0  # unknown medium, token/block count mismatch, bad block size
+    group_changes: int = 0  # a group's kind/size/window changed
+    worker_clears: int = 0  # clear_worker calls (resyncs)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class Ingestor:
+    """Applies batches per worker; metadata is cached here and persisted in the backend."""
+
     def __init__(
         self,
         index: IndexBackend,
@@ -44,18 +81,197 @@ class Ingestor:
         self.default_kind = default_kind
         self.default_block_size = default_block_size
         self.counters = metrics if metrics is not None else IngestCounters()
+        self._states: dict[str, WorkerState] = {}
+        self._warned: set[str] = set()
 
-    async def apply_batch(self, worker_id: str, batch: KVEventBatch) -> None:
-        raise NotImplementedError
+    # -- worker lifecycle -------------------------------------------------------------
+
+    async def _state(self, worker_id: str) -> WorkerState:
+        state = self._states.get(worker_id)
+        if state is None:
+            state = await self.index.load_worker(worker_id)
+            if state is None:
+                state = WorkerState()
+                await self.index.save_worker(worker_id, state)
+            self._states[worker_id] = state
+        return state
 
     async def clear_worker(self, worker_id: str) -> None:
-        raise NotImplementedError
+        """AllBlocksCleared / resync: drop entries, keep the worker and its groups known."""
+        state = await self._state(worker_id)
+        await self.index.clear_worker(worker_id)
+        self.counters.worker_clears += 1
+        if state.hash_mode != "unknown":
+            state.hash_mode = "unknown"
+            await self.index.save_worker(worker_id, state)
 
     async def remove_worker(self, worker_id: str) -> None:
-        raise NotImplementedError
+        """Entries, maps and metadata gone (``DELETE /v1/workers/{id}``)."""
+        self._states.pop(worker_id, None)
+        await self.index.remove_worker(worker_id)
 
     async def worker_groups(self, worker_id: str) -> dict[int, GroupInfo]:
-        raise NotImplementedError
+        state = self._states.get(worker_id) or await self.index.load_worker(worker_id)
+        if state is None:
+            return {}
+        counts = await self.index.group_counts(worker_id)
+        return {
+            g: GroupInfo(
+                kind=meta.kind,
+                block_size=meta.block_size,
+                sliding_window=meta.sliding_window,
+                blocks_by_medium=counts.get(g, {}),
+            )
+            for g, meta in sorted(state.groups.items())
+        }
 
     async def hash_mode(self, worker_id: str) -> str:
-        raise NotImplementedError
+        """``unknown`` until a chain's first block was checked, then ``engine`` (vLLM
+        default hashing reproduced) or ``canonical`` (foreign hashing)."""
+        state = self._states.get(worker_id) or await self.index.load_worker(worker_id)
+        return state.hash_mode if state is not None else "unknown"
+
+    # -- the write path ---------------------------------------------------------------
+
+    def _bad(self, why: str) -> None:
+        self.counters.bad_events += 1
+        if why not in self._warned:
+            self._warned.add(why)
+            log.warning("skipping bad KV event: %s (counted in bad_events; logged once)", why)
+
+    def _learn(self, state: WorkerState, ev: BlockStored, ops: list[Op]) -> GroupMeta | None:
+        g = ev.group_idx if ev.group_idx is not None else 0
+        bs = ev.block_size
+        if not isinstance(bs, int) or bs <= 0:
+            if self.default_block_size is None:
+                return None
+            bs = self.default_block_size
+        old = state.groups.get(g)
+        kind = ev.kv_cache_spec_kind or (old.kind if old is not None else self.default_kind)
+        window = ev.kv_cache_spec_sliding_window
+        if window is None and old is not None and old.kind == kind:
+            window = old.sliding_window
+        if (
+            old is not None
+            and old.kind == kind
+            and old.block_size == bs
+            and old.sliding_window == window
+        ):
+            return old
+        meta = GroupMeta(kind, bs, window)
+        if old is not None:
+            self.counters.group_changes += 1
+            if old.block_size != bs:
+                ops.append(ClearOp())  # a new model behind the worker: old keys are void
+        state.groups[g] = meta
+        return meta
+
+    async def apply_batch(self, worker_id: str, batch: KVEventBatch) -> None:
+        """Apply a batch's events in order; problems are counted, never raised."""
+        c = self.counters
+        c.batches += 1
+        state = await self._state(worker_id)
+        before = (dict(state.groups), state.hash_mode)
+
+        # Pass 1: engine hashes this batch needs from the map.
+        wanted: dict[int, set[EngineHash]] = {}
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                if not ev.token_ids:
+                    wanted.setdefault(ev.block_size, set()).update(ev.block_hashes)
+                elif ev.parent_block_hash is not None:
+                    wanted.setdefault(ev.block_size, set()).add(ev.parent_block_hash)
+        known: dict[int, dict[EngineHash, BlockKey]] = {}
+        for bs, hashes in wanted.items():
+            hs = list(hashes)
+            found = await self.index.resolve(worker_id, bs, hs)
+            known[bs] = {h: k for h, k in zip(hs, found, strict=True) if k is not None}
+
+        # Pass 2: keyed operations, in order.
+        ops: list[Op] = []
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                c.events_stored += 1
+                self._store(state, ev, known, ops)
+            elif isinstance(ev, BlockRemoved):
+                c.events_removed += 1
+                g = ev.group_idx if ev.group_idx is not None else 0
+                bit = MEDIUM_BITS.get(ev.medium or "GPU")
+                if bit is None:
+                    self._bad(f"unknown medium {ev.medium!r}")
+                elif g not in state.groups:
+                    c.blocks_removed_missing += len(ev.block_hashes)
+                else:
+                    ops.append(RemoveOp(g, bit, list(ev.block_hashes)))
+            elif isinstance(ev, AllBlocksCleared):
+                c.events_cleared += 1
+                ops.append(ClearOp())
+                known.clear()
+                state.hash_mode = "unknown"
+            else:
+                c.events_unknown += 1
+
+        if (state.groups, state.hash_mode) != before:
+            await self.index.save_worker(worker_id, state)
+        if ops:
+            result = await self.index.apply(worker_id, state.groups, ops)
+            c.blocks_stored += result.stored
+            c.blocks_stored_repeat += result.stored_repeat
+            c.blocks_removed += result.removed
+            c.blocks_removed_missing += result.removed_missing
+
+    def _store(
+        self,
+        state: WorkerState,
+        ev: BlockStored,
+        known: dict[int, dict[EngineHash, BlockKey]],
+        ops: list[Op],
+    ) -> None:
+        c = self.counters
+        hashes = ev.block_hashes
+        n = len(hashes)
+        bit = MEDIUM_BITS.get(ev.medium or "GPU")
+        if bit is None:
+            self._bad(f"unknown medium {ev.medium!r}")
+            return
+        meta = self._learn(state, ev, ops)
+        if meta is None:
+            self._bad(f"invalid block_size {ev.block_size!r}")
+            return
+        if n == 0:
+            return
+        bs = meta.block_size
+        local = known.setdefault(bs, {})
+        g = ev.group_idx if ev.group_idx is not None else 0
+        tokens = ev.token_ids
+        if not tokens:
+            # Offload-tier stores carry no tokens: only the map can name these blocks.
+            pairs = [(h, local.get(h)) for h in hashes]
+            hs = [h for h, k in pairs if k is not None]
+            if len(hs) < n:
+                c.unresolved_blocks += n - len(hs)
+            if hs:
+                ops.append(StoreOp(g, bit, hs, [k for _, k in pairs if k is not None]))
+            return
+        if len(tokens) != n * bs:
+            self._bad("token_ids length is not len(block_hashes) * block_size")
+            return
+        parent_hash = ev.parent_block_hash
+        if parent_hash is None:
+            extra = split_extra_keys(ev.extra_keys, n, ev.lora_name)
+            parent = root_digest(extra.lora_name, extra.cache_salt)
+            others = extra.others
+            if state.hash_mode == "unknown":
+                first = ev.extra_keys[0] if ev.extra_keys else None
+                algo = detect_engine_hash(hashes[0], tokens[:bs], first)
+                state.hash_mode = "engine" if algo is not None else "canonical"
+        else:
+            parent_key = local.get(parent_hash)
+            if parent_key is None:
+                c.unknown_parent += n
+                return
+            parent = key_bytes(parent_key)
+            others = split_extra_keys(ev.extra_keys, n, ev.lora_name).others
+        keys = chain_keys(parent, tokens, bs, n, others)
+        local.update(zip(hashes, keys, strict=True))
+        ops.append(StoreOp(g, bit, list(hashes), keys))

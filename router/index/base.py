@@ -116,14 +116,17 @@ class WorkerState:
 class WorkerSnapshot:
     """One worker's membership for one request, as ``fetch`` returns it.
 
-    ``masks[g]`` holds the media bitmask of the request's blocks ``0..n-1`` for group
-    ``g``, truncated: after the first miss for full-attention groups, after the last hit
-    (and never beyond the shortest full-attention prefix) for the others. Truncation is
-    exact for the hit rule: a block past the end of a list counts as a miss.
+    ``masks[g]`` holds one byte per request block ``0..n-1`` of group ``g``: the media
+    bitmask (0 = not cached), truncated after the first miss for full-attention groups
+    and after the last hit (never beyond the shortest full-attention prefix) for the
+    others. Truncation is exact for the hit rule: a block past the end counts as a miss.
+    Bytes, because they are a compact ``Sequence`` the hit rule reads directly and
+    ``bytes.translate`` derives the GPU-only view in C. A group whose block size was not
+    in ``keys_by_size`` has no entry (the scorer hashes that size and asks again).
     """
 
     groups: dict[int, GroupMeta]
-    masks: dict[int, list[int]]
+    masks: dict[int, bytes]
 
 
 class IndexBackend(ABC):
@@ -193,6 +196,5 @@ class IndexBackend(ABC):
         """Membership of the request's blocks for every worker, in one backend call.
 
         ``keys_by_size[b]`` are the request's block keys for block size ``b``. A worker
-        never seen maps to None. Groups whose block size is missing from
-        ``keys_by_size`` get an empty list.
+        never seen maps to None.
         """
