@@ -1,0 +1,66 @@
+"""Shared pieces of the HTTP layer: the service dependency, API errors and the API key.
+
+Extensions (``router.api.routing``, ``router.api.stream``) import these so every endpoint
+answers errors and authenticates the same way.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from router.service import RouterService
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": {"code", "message"}}`` with ``status``."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def get_service(request: Request) -> RouterService:
+    """The ``RouterService`` behind this app (``app.state.service``)."""
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth is not None:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token:
+            return token.strip()
+    return request.headers.get("x-api-key")
+
+
+def check_api_key(request: Request, *, mutating: bool) -> None:
+    """Raise 401 unless the request carries the configured key (when one is required)."""
+    settings = get_service(request).settings
+    expected = settings.api_key
+    if not expected or not (mutating or settings.api_key_all):
+        return
+    got = _presented_key(request)
+    if got is None or not hmac.compare_digest(got.encode(), expected.encode()):
+        raise ApiError(
+            401,
+            "unauthorized",
+            "this endpoint needs the API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def require_write_key(request: Request) -> None:
+    """Dependency for mutating endpoints (register/delete workers, finish requests)."""
+    check_api_key(request, mutating=True)
+
+
+def require_read_key(request: Request) -> None:
+    """Dependency for read endpoints (score, route): open unless ``api_key_all``."""
+    check_api_key(request, mutating=False)

@@ -1,0 +1,170 @@
+"""Typed router configuration: defaults < config file < ``KVROUTE_*`` env < CLI flags.
+
+One ``RouterSettings`` object carries every option so ``kvroute serve``, tests and the
+demo build a router the same way. A YAML/JSON file (``--config FILE`` or
+``KVROUTE_CONFIG``) uses the same field names as the environment, without the prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from schemas.rest import WORKER_ID_PATTERN
+
+ENV_PREFIX = "KVROUTE_"
+DEFAULT_TIER_WEIGHTS = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
+
+
+class WorkerSpec(BaseModel):
+    """A worker registered at start-up (``--worker`` / ``KVROUTE_WORKERS`` / config file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: str = Field(pattern=WORKER_ID_PATTERN)
+    endpoint: str = Field(min_length=1)
+    replay_endpoint: str | None = None
+    topic: str = ""
+    model: str | None = None
+    http_endpoint: str | None = None
+
+
+_SPEC_KEYS = {
+    "replay": "replay_endpoint",
+    "replay_endpoint": "replay_endpoint",
+    "topic": "topic",
+    "model": "model",
+    "http": "http_endpoint",
+    "http_endpoint": "http_endpoint",
+}
+
+
+def parse_worker_spec(text: str) -> WorkerSpec:
+    """``ID=ENDPOINT[,replay=EP][,topic=T][,http=URL][,model=M]`` -> ``WorkerSpec``."""
+    head, *opts = text.strip().split(",")
+    worker_id, sep, endpoint = head.partition("=")
+    if not sep or not worker_id or not endpoint:
+        raise ValueError(f"worker spec {text!r}: expected ID=ENDPOINT[,replay=EP][,topic=T]")
+    data: dict[str, Any] = {"worker_id": worker_id.strip(), "endpoint": endpoint.strip()}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        field = _SPEC_KEYS.get(key.strip())
+        if not sep or field is None:
+            raise ValueError(f"worker spec {text!r}: unknown option {opt!r}")
+        data[field] = value.strip()
+    return WorkerSpec.model_validate(data)
+
+
+# The parsed config file of the settings being built (a ContextVar so concurrent builds
+# in one process - tests - never see each other's file).
+_FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("kvroute_config_file", default=None)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        data = _FILE_DATA.get() or {}
+        return data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        data = _FILE_DATA.get() or {}
+        return {k: v for k, v in data.items() if k in self.settings_cls.model_fields}
+
+
+class RouterSettings(BaseSettings):
+    """Every router option; the environment variable is ``KVROUTE_`` + the upper-case name."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    # HTTP server
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_json: bool = False
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = False
+    # Auth: a key required on mutating endpoints (and on every /v1 endpoint with api_key_all)
+    api_key: str | None = None
+    api_key_all: bool = False
+    # Index
+    index: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Ingest
+    default_kind: str = "full_attention"
+    default_block_size: int | None = Field(default=None, ge=1)
+    workers: Annotated[list[WorkerSpec], NoDecode] = Field(default_factory=list)
+    replay_timeout_s: float = Field(default=2.0, gt=0)
+    initial_replay: bool = True
+    sub_hwm: int = Field(default=100_000, ge=0)
+    ingest_retry_initial_s: float = Field(default=0.05, gt=0)
+    ingest_retry_max_s: float = Field(default=2.0, gt=0)
+    # Scoring / API limits
+    tier_weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
+    max_request_tokens: int = Field(default=262_144, ge=1)
+    recent_routes: int = Field(default=200, ge=1)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _parse_workers(cls, value: Any) -> Any:
+        """Accept a JSON list or ``ID=EP[,...]`` specs separated by ``;`` or whitespace."""
+        if isinstance(value, str):
+            text = value.strip()
+            if not text:
+                return []
+            if text.startswith("["):
+                return json.loads(text)
+            return [parse_worker_spec(s) for s in text.replace(";", " ").split()]
+        if isinstance(value, list):
+            return [parse_worker_spec(v) if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("tier_weights")
+    @classmethod
+    def _check_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        return {**DEFAULT_TIER_WEIGHTS, **{k.upper(): float(v) for k, v in value.items()}}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a YAML or JSON config file into a dict (JSON is valid YAML, but be explicit)."""
+    text = Path(path).read_text(encoding="utf-8")
+    data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path}: expected a mapping at the top level")
+    return data
+
+
+def load_settings(config_file: str | None = None, **overrides: Any) -> RouterSettings:
+    """Build settings from defaults, the config file (or ``KVROUTE_CONFIG``), env, overrides.
+
+    ``overrides`` (CLI flags) win; keys whose value is None are ignored.
+    """
+    path = config_file or os.environ.get(f"{ENV_PREFIX}CONFIG")
+    data = read_config_file(path) if path else None
+    token = _FILE_DATA.set(data)
+    try:
+        return RouterSettings(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _FILE_DATA.reset(token)

@@ -1,0 +1,230 @@
+"""``RouterService``: everything a router process runs, independent of HTTP.
+
+It owns the settings, the index backend, the ingestor (write side), the scorer (read
+side), the worker registry with one ZMQ subscription per worker, metrics, and the
+background tasks extensions add (routing TTLs, the SSE summariser). The FastAPI app is a
+thin layer over it, so tests and benchmarks can drive the very same object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import Field
+
+from router.config import RouterSettings, WorkerSpec
+from router.index import IndexBackend, IndexUnavailable, make_index
+from router.ingest import Ingestor
+from router.metrics import RouterMetrics
+from router.scoring import Scorer
+from router.subscriber import InvalidEndpoint, SubscriptionManager, WorkerSubscription
+from schemas.rest import ScoreResponse, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+BackgroundFactory = Callable[[], Awaitable[None]]
+
+__all__ = ["InvalidEndpoint", "RouterService", "UnknownWorker", "WorkerExists", "WorkerStatus"]
+
+
+class WorkerStatus(WorkerInfo):
+    """``WorkerInfo`` plus the transport's health: what an operator checks first."""
+
+    decode_errors: int = 0
+    replay_failures: int = 0
+    duplicates: int = 0
+    ingest_retries: int = 0
+    ingest_lag_s: float = Field(default=0.0, description="age of the batch waiting for the index")
+
+
+class WorkerExists(Exception):
+    """A worker with this id is already registered (409)."""
+
+
+class UnknownWorker(KeyError):
+    """No worker with this id is registered (404)."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(worker_id)
+        self.worker_id = worker_id
+
+    def __str__(self) -> str:
+        return f"unknown worker {self.worker_id!r}"
+
+
+class RouterService:
+    """The router's state and lifecycle; ``start()``/``stop()`` are idempotent."""
+
+    def __init__(
+        self, settings: RouterSettings | None = None, *, index: IndexBackend | None = None
+    ) -> None:
+        self.settings = settings if settings is not None else RouterSettings()
+        s = self.settings
+        self.index = index if index is not None else make_index(s.index, redis_url=s.redis_url)
+        self.ingestor = Ingestor(
+            self.index, default_kind=s.default_kind, default_block_size=s.default_block_size
+        )
+        self.scorer = Scorer(self.index, tier_weights=s.tier_weights)
+        self.subscriptions = SubscriptionManager(self.ingestor, s)
+        self.metrics = RouterMetrics(self)
+        # Appended to by the routing extension; read by dashboards.
+        self.recent_routes: collections.deque[Any] = collections.deque(maxlen=s.recent_routes)
+        self.started_at = time.time()
+        self._background: list[BackgroundFactory] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running = False
+        self._stopped = False
+        for spec in s.workers:
+            self._register(spec)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._running or self._stopped:
+            return
+        self._running = True
+        self.subscriptions.start()
+        for factory in self._background:
+            self._spawn(factory)
+        log.info(
+            "router started: index=%s workers=%d", self.index.kind, len(self.subscriptions.all())
+        )
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._running = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        await self.subscriptions.stop()
+        with contextlib.suppress(Exception):
+            await self.index.close()
+        log.info("router stopped")
+
+    def add_background(self, factory: BackgroundFactory) -> None:
+        """Run ``factory()`` as a task while the service runs (cancelled at stop)."""
+        self._background.append(factory)
+        if self._running:
+            self._spawn(factory)
+
+    def _spawn(self, factory: BackgroundFactory) -> None:
+        async def guarded() -> None:
+            try:
+                await factory()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background task %r failed", factory)
+
+        self._tasks.append(asyncio.create_task(guarded()))
+
+    # ------------------------------------------------------------------ workers
+    def _register(self, spec: WorkerSpec) -> WorkerSubscription:
+        if spec.worker_id in self.subscriptions:
+            raise WorkerExists(spec.worker_id)
+        return self.subscriptions.add(spec)
+
+    async def add_worker(self, spec: WorkerSpec) -> WorkerStatus:
+        """Register and subscribe; raises ``WorkerExists`` or ``InvalidEndpoint``."""
+        self._register(spec)
+        log.info("worker %s registered (%s)", spec.worker_id, spec.endpoint)
+        return await self.worker_info(spec.worker_id)
+
+    async def remove_worker(self, worker_id: str) -> None:
+        """Unsubscribe and drop the worker's index entries and metadata."""
+        if worker_id not in self.subscriptions:
+            raise UnknownWorker(worker_id)
+        await self.subscriptions.remove(worker_id)
+        await self.ingestor.remove_worker(worker_id)
+        log.info("worker %s removed", worker_id)
+
+    def worker_ids(self) -> list[str]:
+        return [sub.worker_id for sub in self.subscriptions.all()]
+
+    def worker_spec(self, worker_id: str) -> WorkerSpec:
+        sub = self.subscriptions.get(worker_id)
+        if sub is None:
+            raise UnknownWorker(worker_id)
+        return sub.spec
+
+    async def worker_info(self, worker_id: str) -> WorkerStatus:
+        sub = self.subscriptions.get(worker_id)
+        if sub is None:
+            raise UnknownWorker(worker_id)
+        try:
+            groups = await self.ingestor.worker_groups(worker_id)
+            hash_mode = await self.ingestor.hash_mode(worker_id)
+        except IndexUnavailable:  # still report the transport side during an outage
+            groups, hash_mode = {}, "unknown"
+        c = sub.counters
+        spec = sub.spec
+        return WorkerStatus(
+            worker_id=worker_id,
+            endpoint=spec.endpoint,
+            replay_endpoint=spec.replay_endpoint,
+            topic=spec.topic,
+            model=spec.model,
+            http_endpoint=spec.http_endpoint,
+            state=sub.state,  # type: ignore[arg-type]
+            hash_mode=hash_mode,  # type: ignore[arg-type]
+            last_seq={str(rank): seq for rank, seq in sorted(sub.last_seq.items())},
+            events=c.events,
+            gaps=c.gaps,
+            replays=c.replays,
+            resyncs=c.resyncs,
+            decode_errors=c.decode_errors,
+            replay_failures=c.replay_failures,
+            duplicates=c.duplicates,
+            ingest_retries=c.ingest_retries,
+            ingest_lag_s=round(sub.lag_seconds(), 3),
+            groups=groups,
+        )
+
+    async def worker_infos(self) -> list[WorkerStatus]:
+        return [await self.worker_info(w) for w in self.worker_ids()]
+
+    # ------------------------------------------------------------------ reads
+    async def score(
+        self,
+        token_ids: list[int],
+        workers: list[str] | None = None,
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> ScoreResponse:
+        """Score the named workers (default: all); raises ``UnknownWorker`` or
+        ``IndexUnavailable``."""
+        if workers is None:
+            worker_ids = self.worker_ids()
+        else:
+            for w in workers:
+                if w not in self.subscriptions:
+                    raise UnknownWorker(w)
+            worker_ids = list(dict.fromkeys(workers))
+        t0 = time.perf_counter()
+        result = await self.scorer.score(
+            token_ids, worker_ids, lora_name=lora_name, cache_salt=cache_salt
+        )
+        self.metrics.score_latency.observe(time.perf_counter() - t0)
+        return result
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.index.ping())
+        except Exception:
+            return False
+
+    async def index_stats(self) -> dict[str, Any]:
+        stats = dict(await self.index.stats())
+        stats["registered_workers"] = len(self.subscriptions.all())
+        return stats

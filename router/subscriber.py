@@ -1,0 +1,418 @@
+"""Per-worker ZMQ subscriptions: live frames, sequence tracking, replay and resync.
+
+One ``WorkerSubscription`` per registered worker owns an asyncio SUB socket (topic
+prefix filter), a socket monitor for the connection state, and one task that applies
+batches through the ``Ingestor`` strictly in order, exactly once per (DP rank, seq):
+
+* the next expected seq -> apply;
+* a gap -> replay from the first missing seq (``router.replay``); live frames wait in the
+  SUB socket's queue (bounded by ``sub_hwm``) while the replay runs, and everything is
+  deduplicated by seq afterwards;
+* the replay starts after the missing seq (gap older than the publisher's buffer), fails,
+  or there is no replay endpoint, or the seq goes backwards (the publisher restarted and
+  counts from 0 again) -> clear the worker's entries and rebuild from what follows.
+
+Bad frames are counted and logged once per worker; index outages are retried with
+backoff while keeping the batch. Nothing here raises out of the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from router.config import RouterSettings, WorkerSpec
+from router.index.base import IndexUnavailable
+from router.replay import ReplayFailed, ReplayFrame, request_replay
+from schemas import DecodeError, DecodeStats, KVEventBatch, decode_batch
+
+if TYPE_CHECKING:
+    from router.ingest import Ingestor
+
+log = logging.getLogger(__name__)
+
+# Live frames handled per wake-up before yielding to the event loop (API fairness).
+_DRAIN_PER_TURN = 512
+# Undecodable seqs remembered so they are not mistaken for a gap.
+_BAD_SEQS_KEPT = 4096
+
+
+class InvalidEndpoint(ValueError):
+    """ZMQ refused the endpoint (wildcard host, bad scheme, ...)."""
+
+
+@dataclass
+class WorkerCounters:
+    """Plain ints, read by the metrics collector and ``/v1/workers``."""
+
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replay_failures: int = 0
+    resyncs: int = 0
+    decode_errors: int = 0
+    duplicates: int = 0
+    ingest_retries: int = 0
+    ingest_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class _Seq:
+    """Per DP rank: last applied seq, and last seq seen live (restart detection)."""
+
+    applied: dict[int, int] = field(default_factory=dict)
+    live: dict[int, int] = field(default_factory=dict)
+
+
+def connect_endpoint(sock: zmq.Socket, endpoint: str) -> None:
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        raise InvalidEndpoint(
+            f"cannot connect to {endpoint!r} ({exc.strerror}); name a host and port the "
+            "engine binds, e.g. tcp://10.0.0.5:5557"
+        ) from None
+
+
+class WorkerSubscription:
+    """The SUB socket, replay client and apply loop of one worker."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        ctx: zmq.asyncio.Context,
+        ingestor: Ingestor,
+        settings: RouterSettings,
+    ) -> None:
+        self.spec = spec
+        self.worker_id = spec.worker_id
+        self.counters = WorkerCounters()
+        self.decode_stats = DecodeStats()
+        self.connected = False
+        self.ever_connected = False
+        self.syncing = False
+        self.retrying_since: float | None = None
+        self._ctx = ctx
+        self._ingestor = ingestor
+        self._settings = settings
+        self._seq = _Seq()
+        self._bad_seqs: dict[int, None] = {}
+        self._logged_decode_error = False
+        self._logged_index_down = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sub = ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
+        self._sub.setsockopt(zmq.RECONNECT_IVL, 100)
+        self._sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        self._sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
+        self._monitor = self._sub.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+        )
+        # A blocking twin of the same socket: draining a backlog without one future per
+        # frame is several times faster, and both see one queue.
+        self._shadow = zmq.Socket.shadow(self._sub.underlying)
+        try:
+            connect_endpoint(self._sub, spec.endpoint)
+            if spec.replay_endpoint is not None:
+                probe = ctx.socket(zmq.DEALER)
+                try:
+                    connect_endpoint(probe, spec.replay_endpoint)
+                finally:
+                    probe.close(linger=0)
+        except InvalidEndpoint:
+            self._close_sockets()
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def state(self) -> str:
+        if self.syncing:
+            return "resyncing"
+        if self.connected:
+            return "connected"
+        return "disconnected" if self.ever_connected else "connecting"
+
+    @property
+    def last_seq(self) -> dict[int, int]:
+        return dict(self._seq.applied)
+
+    def lag_seconds(self) -> float:
+        """How long the batch being applied has waited for the index (0 when none)."""
+        since = self.retrying_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def start(self) -> None:
+        name = self.worker_id
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"kvroute-sub-{name}"),
+            asyncio.create_task(self._watch_monitor(), name=f"kvroute-mon-{name}"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self._sub.disable_monitor()
+        self._monitor.close(linger=0)
+        self._sub.close(linger=0)
+
+    async def _watch_monitor(self) -> None:
+        while True:
+            msg = await self._monitor.recv_multipart()
+            event = parse_monitor_message(msg)["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self.connected = self.ever_connected = True
+                log.info("worker %s connected (%s)", self.worker_id, self.spec.endpoint)
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+                log.info("worker %s disconnected; ZMQ reconnects", self.worker_id)
+            elif event == zmq.EVENT_MONITOR_STOPPED:
+                return
+
+    # ------------------------------------------------------------------ main loop
+    async def _run(self) -> None:
+        if self.spec.replay_endpoint is not None and self._settings.initial_replay:
+            # Learn what the engine announced before we subscribed, as far as its buffer
+            # reaches. A silent/absent publisher just times out; live frames follow.
+            await self._recover(start=0, clear_on_miss=False, clear_first=False)
+        while True:
+            try:
+                frames = await self._sub.recv_multipart()
+            except zmq.ZMQError as exc:  # socket closed under us: stop quietly
+                log.debug("worker %s SUB socket error: %s", self.worker_id, exc)
+                return
+            await self._on_live(frames)
+            for _ in range(_DRAIN_PER_TURN):
+                try:
+                    frames = self._shadow.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                await self._on_live(frames)
+            await asyncio.sleep(0)
+
+    async def _on_live(self, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self._decode_error(f"expected 3 frames [topic, seq(8B), payload], got {len(frames)}")
+            return
+        seq = int.from_bytes(frames[1], "big")
+        batch = self._decode(frames[2], seq)
+        if batch is None:
+            return
+        rank = batch.data_parallel_rank or 0
+        applied, live = self._seq.applied.get(rank), self._seq.live.get(rank)
+        self._seq.live[rank] = seq
+        if live is not None and seq <= live:
+            log.warning(
+                "worker %s rank %d: seq went back %d -> %d (publisher restarted); resyncing",
+                self.worker_id,
+                rank,
+                live,
+                seq,
+            )
+            await self._resync_from(seq, batch)
+            return
+        if applied is not None and seq <= applied:
+            self.counters.duplicates += 1  # already applied from a replay
+            return
+        if applied is None:
+            if seq == 0 or self.spec.replay_endpoint is None:
+                await self._apply(seq, batch)
+            else:  # joined mid-stream: fetch the history still buffered, keep nothing old
+                await self._recover(start=0, clear_on_miss=False, clear_first=False)
+                await self._apply_if_new(seq, batch)
+            return
+        if seq == applied + 1 or self._only_bad_between(applied, seq):
+            await self._apply(seq, batch)
+            return
+        self.counters.gaps += 1
+        log.warning("worker %s rank %d: gap %d..%d", self.worker_id, rank, applied + 1, seq - 1)
+        if self.spec.replay_endpoint is None:
+            await self._clear("gap and no replay endpoint")
+        else:
+            await self._recover(start=applied + 1, clear_on_miss=True, clear_first=False)
+        await self._apply_if_new(seq, batch)
+
+    async def _resync_from(self, seq: int, batch: KVEventBatch) -> None:
+        if seq > 0 and self.spec.replay_endpoint is not None:
+            await self._recover(start=0, clear_on_miss=False, clear_first=True)
+        else:
+            await self._clear("publisher restarted")
+        await self._apply_if_new(seq, batch)
+
+    # ------------------------------------------------------------------ recovery
+    async def _recover(self, *, start: int, clear_on_miss: bool, clear_first: bool) -> None:
+        """Replay from ``start`` and apply what it returns exactly once.
+
+        ``clear_on_miss``: the replay must begin at ``start`` or the stream has a hole we
+        cannot fill, so the worker is cleared and rebuilt from the buffer instead.
+        """
+        assert self.spec.replay_endpoint is not None
+        self.syncing = True
+        try:
+            if clear_first:
+                await self._clear("publisher restarted")
+            self.counters.replays += 1
+            try:
+                frames, malformed = await request_replay(
+                    self._ctx,
+                    self.spec.replay_endpoint,
+                    start,
+                    timeout_s=self._settings.replay_timeout_s,
+                )
+            except ReplayFailed as exc:
+                self.counters.replay_failures += 1
+                log.warning("worker %s: %s", self.worker_id, exc)
+                frames, malformed = [], 0
+            prefix = self.spec.topic.encode()
+            frames = [f for f in frames if f.topic.startswith(prefix)]
+            self.counters.decode_errors += malformed
+            if clear_on_miss and (not frames or frames[0].seq > start):
+                first = frames[0].seq if frames else None
+                await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
+            await self._apply_replayed(frames)
+        finally:
+            self.syncing = False
+
+    async def _apply_replayed(self, frames: list[ReplayFrame]) -> None:
+        for frame in frames:
+            batch = self._decode(frame.payload, frame.seq)
+            if batch is not None:
+                await self._apply_if_new(frame.seq, batch)
+
+    async def _clear(self, why: str) -> None:
+        log.warning(
+            "worker %s: clearing its index entries and rebuilding (%s)", self.worker_id, why
+        )
+        self.counters.resyncs += 1
+        self._seq.applied.clear()
+        self._bad_seqs.clear()
+        await self._with_retry(self._ingestor.clear_worker, self.worker_id)
+
+    # ------------------------------------------------------------------ apply
+    async def _apply_if_new(self, seq: int, batch: KVEventBatch) -> None:
+        applied = self._seq.applied.get(batch.data_parallel_rank or 0)
+        if applied is not None and seq <= applied:
+            self.counters.duplicates += 1
+            return
+        await self._apply(seq, batch)
+
+    async def _apply(self, seq: int, batch: KVEventBatch) -> None:
+        if await self._with_retry(self._ingestor.apply_batch, self.worker_id, batch):
+            self.counters.batches += 1
+            self.counters.events += len(batch.events)
+        self._seq.applied[batch.data_parallel_rank or 0] = seq
+
+    async def _with_retry(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
+        """Call ``fn`` until the index takes it; False if it failed for another reason."""
+        delay = self._settings.ingest_retry_initial_s
+        while True:
+            try:
+                await fn(*args)
+            except IndexUnavailable as exc:
+                if self.retrying_since is None:
+                    self.retrying_since = time.monotonic()
+                    log.warning("worker %s: index unavailable (%s); retrying", self.worker_id, exc)
+                self.counters.ingest_retries += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._settings.ingest_retry_max_s)
+                continue
+            except Exception:  # a bug must not kill the subscription; count and go on
+                self.counters.ingest_errors += 1
+                if self.counters.ingest_errors == 1:
+                    log.exception("worker %s: ingest failed; batch skipped", self.worker_id)
+                self.retrying_since = None
+                return False
+            if self.retrying_since is not None:
+                log.info("worker %s: index back, ingestion resumed", self.worker_id)
+                self.retrying_since = None
+            return True
+
+    # ------------------------------------------------------------------ decode
+    def _decode(self, payload: bytes, seq: int) -> KVEventBatch | None:
+        try:
+            return decode_batch(payload, self.decode_stats)
+        except DecodeError as exc:
+            self._bad_seqs[seq] = None
+            if len(self._bad_seqs) > _BAD_SEQS_KEPT:
+                del self._bad_seqs[next(iter(self._bad_seqs))]
+            self._decode_error(f"seq {seq}: {exc}")
+            return None
+
+    def _decode_error(self, why: str) -> None:
+        self.counters.decode_errors += 1
+        if not self._logged_decode_error:
+            self._logged_decode_error = True
+            log.warning("worker %s: undecodable frame skipped (%s); counting", self.worker_id, why)
+
+    def _only_bad_between(self, applied: int, seq: int) -> bool:
+        """True when every seq between ``applied`` and ``seq`` was an undecodable frame."""
+        missing = seq - applied - 1
+        if missing > len(self._bad_seqs):
+            return False
+        return all(s in self._bad_seqs for s in range(applied + 1, seq))
+
+
+class SubscriptionManager:
+    """The set of live subscriptions; one ZMQ context for all of them."""
+
+    def __init__(self, ingestor: Ingestor, settings: RouterSettings) -> None:
+        self._ingestor = ingestor
+        self._settings = settings
+        self._ctx = zmq.asyncio.Context()
+        self._subs: dict[str, WorkerSubscription] = {}
+        self._running = False
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self._subs
+
+    def get(self, worker_id: str) -> WorkerSubscription | None:
+        return self._subs.get(worker_id)
+
+    def all(self) -> list[WorkerSubscription]:
+        return list(self._subs.values())
+
+    def add(self, spec: WorkerSpec) -> WorkerSubscription:
+        """Open the sockets (raises ``InvalidEndpoint``); start at once if running."""
+        if spec.worker_id in self._subs:
+            raise KeyError(spec.worker_id)
+        sub = WorkerSubscription(spec, self._ctx, self._ingestor, self._settings)
+        self._subs[spec.worker_id] = sub
+        if self._running:
+            sub.start()
+        return sub
+
+    async def remove(self, worker_id: str) -> None:
+        sub = self._subs.pop(worker_id)
+        await sub.stop()
+
+    def start(self) -> None:
+        self._running = True
+        for sub in self._subs.values():
+            sub.start()
+
+    async def stop(self) -> None:
+        self._running = False
+        for worker_id in list(self._subs):
+            await self.remove(worker_id)
+        self._ctx.destroy(linger=0)

@@ -1,0 +1,212 @@
+"""Test plumbing for the router's transport/HTTP tests: real sockets only.
+
+* ``serve_app`` runs the FastAPI app under uvicorn in the test's event loop on a free
+  loopback port (real HTTP, and the test can still look at the service object).
+* ``FakeEngine`` is a publisher we fully control: an XPUB socket (so a test can wait
+  until the router's subscription has arrived instead of sleeping) and a replay ROUTER
+  speaking DESIGN §2, with seq numbers, drops and buffer size chosen by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import uvicorn
+import zmq
+import zmq.asyncio
+from fastapi import FastAPI
+
+from schemas import BlockRemoved, BlockStored, KVEventBatch, encode_batch
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+DEADLINE_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_until(
+    predicate: Callable[[], Any | Awaitable[Any]], timeout: float = DEADLINE_S, what: str = ""
+) -> Any:
+    """Poll ``predicate`` (sync or async) until truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serve_app(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """uvicorn on 127.0.0.1:<free port> in this loop; yields a client bound to it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_until(lambda: server.started or task.done(), what="uvicorn start")
+        if task.done():
+            task.result()
+            raise AssertionError("uvicorn exited at start-up")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=20) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 20)
+        sock.close()
+
+
+def stored(
+    hashes: list[int],
+    tokens: list[int],
+    parent: int | None = None,
+    *,
+    block_size: int = 4,
+    group: int | None = None,
+    medium: str | None = "GPU",
+    kind: str | None = None,
+    window: int | None = None,
+) -> BlockStored:
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=tokens,
+        block_size=block_size,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+        group_idx=group,
+        kv_cache_spec_kind=kind,
+        kv_cache_spec_sliding_window=window,
+    )
+
+
+def removed(hashes: list[int], medium: str = "GPU", group: int | None = None) -> BlockRemoved:
+    return BlockRemoved(block_hashes=hashes, medium=medium, group_idx=group)
+
+
+def batch(*events: Any, rank: int | None = 0) -> KVEventBatch:
+    return KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=rank)
+
+
+class FakeEngine:
+    """An XPUB + replay ROUTER pair driven by the test (asyncio sockets, this loop)."""
+
+    def __init__(self, *, topic: str = "", buffer: int = 10_000, replay: bool = True) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.topic = topic.encode()
+        self.buffer_max = buffer
+        self.buffer: list[tuple[int, bytes]] = []
+        self.next_seq = 0
+        self.replay_requests: list[int] = []
+        self.subscriptions = 0
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.pub.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.router: zmq.asyncio.Socket | None = None
+        self.replay_endpoint: str | None = None
+        if replay:
+            self.router = self.ctx.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.router.bind("tcp://127.0.0.1:*")
+            self.replay_endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._tasks = [asyncio.create_task(self._watch_subs())]
+        if self.router is not None:
+            self._tasks.append(asyncio.create_task(self._serve_replay()))
+
+    def spec(self, worker_id: str, **extra: Any) -> dict[str, Any]:
+        body = {"worker_id": worker_id, "endpoint": self.endpoint, **extra}
+        if self.replay_endpoint is not None:
+            body["replay_endpoint"] = self.replay_endpoint
+        if self.topic:
+            body.setdefault("topic", self.topic.decode())
+        return body
+
+    async def wait_subscribed(self, n: int = 1) -> None:
+        await wait_until(lambda: self.subscriptions >= n, what="router's SUB subscription")
+
+    async def _watch_subs(self) -> None:
+        while True:
+            msg = await self.pub.recv()
+            if msg[:1] == b"\x01":
+                self.subscriptions += 1
+
+    async def _serve_replay(self) -> None:
+        assert self.router is not None
+        while True:
+            ident, _, start = await self.router.recv_multipart()
+            seq0 = int.from_bytes(start, "big")
+            self.replay_requests.append(seq0)
+            for seq, payload in self.buffer:
+                if seq >= seq0:
+                    await self.router.send_multipart(
+                        [ident, b"", self.topic, seq.to_bytes(8, "big"), payload]
+                    )
+            await self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
+
+    async def publish(self, b: KVEventBatch, *, deliver: bool = True) -> int:
+        """Buffer ``b`` under the next seq; send it live unless ``deliver`` is False."""
+        return await self.publish_payload(encode_batch(b), deliver=deliver)
+
+    async def publish_payload(self, payload: bytes, *, deliver: bool = True) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        self.buffer.append((seq, payload))
+        del self.buffer[: max(0, len(self.buffer) - self.buffer_max)]
+        if deliver:
+            await self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    async def send_raw(self, frames: list[bytes]) -> None:
+        await self.pub.send_multipart(frames)
+
+    def restart_seq(self) -> None:
+        """What a restarted publisher looks like on the wire: seq from 0, empty buffer."""
+        self.next_seq = 0
+        self.buffer.clear()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self.ctx.destroy(linger=0)
+
+
+async def worker(client: httpx.AsyncClient, worker_id: str) -> dict[str, Any]:
+    r = await client.get(f"/v1/workers/{worker_id}")
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+async def wait_seq(
+    client: httpx.AsyncClient, worker_id: str, seq: int, rank: int = 0
+) -> dict[str, Any]:
+    """Wait until the router applied ``seq`` of ``rank`` for the worker; return its info."""
+
+    async def done() -> dict[str, Any] | None:
+        info = await worker(client, worker_id)
+        return info if info["last_seq"].get(str(rank), -1) >= seq else None
+
+    return await wait_until(done, what=f"{worker_id} rank {rank} seq {seq}")  # type: ignore[no-any-return]
