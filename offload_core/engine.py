@@ -1,0 +1,379 @@
+"""A simulated engine worker: real cache bookkeeping, real KV bytes, real KV events.
+
+``SimEngine`` serves one prompt at a time the way a vLLM worker with prefix caching and
+CPU offloading would, minus the model: it finds the hybrid hit over GPU blocks and
+offloaded CPU blocks (``KVCacheManager``), loads CPU blocks back, writes deterministic KV
+values for the blocks it "computes", and under pressure stores the blocks about to be
+evicted to the CPU tier before their slots are reused. Every change is published as a
+vLLM-format event batch, one per request, so that replaying the stream reproduces the
+(group, medium, hash) set the engine holds.
+
+``kvroute engine`` (``main``) serves it over HTTP; see ``offload_core.engine_app``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from offload_core.base import (
+    OffloadingEvent,
+    OffloadKey,
+    ReqContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
+)
+from offload_core.block_pool import BlockMeta, lora_id_for
+from offload_core.cpu import CPUOffloadingManager
+from offload_core.groups import format_groups, parse_groups
+from offload_core.hashing import HASH_ALGOS, external_hash
+from offload_core.hit_rule import KIND_SLIDING, GroupSpec
+from offload_core.kv_cache import KVCacheManager, RequestTooLargeError
+from offload_core.transfer import KVBuffers, TransferWorker
+from publisher.zmq_publisher import EventPublisher, NullEventPublisher
+from schemas import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+
+log = logging.getLogger("kvroute.engine")
+
+__all__ = ["EngineConfig", "RequestResult", "RequestTooLargeError", "SimEngine", "main"]
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    worker_id: str = "engine-0"
+    groups: str = "full:16"
+    gpu_blocks: int = 1024
+    cpu_blocks: int = 4096
+    hash_algo: str = "sha256"
+    cpu_policy: str = "lru"
+    num_heads: int = 2
+    head_dim: int = 8
+    device: str | None = None
+    verify_loads: bool = True
+
+
+@dataclass(slots=True)
+class RequestResult:
+    prompt_tokens: int
+    cached_tokens: int  # hit on any tier (what vLLM reports)
+    gpu_cached_tokens: int  # the part of the hit already on GPU
+    loaded_blocks: int  # CPU -> GPU
+    offloaded_blocks: int  # GPU -> CPU before eviction
+    computed_blocks: int  # full blocks written and cached
+
+
+@dataclass(slots=True)
+class EngineStats:
+    requests: int = 0
+    rejected: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    gpu_cached_tokens: int = 0
+    loaded_blocks: int = 0
+    offloaded_blocks: int = 0
+    offload_skipped_blocks: int = 0
+    computed_blocks: int = 0
+    load_verify_failures: int = 0
+    events: int = 0
+    batches: int = 0
+    resets: int = 0
+
+
+class SimEngine:
+    """Composes the KV cache manager, the CPU tier, the data path and the publisher.
+
+    Not thread-safe: callers serialise requests (the HTTP app holds a lock), which also
+    keeps the published event order exact.
+    """
+
+    def __init__(self, config: EngineConfig, publisher: EventPublisher | None = None) -> None:
+        if config.hash_algo not in HASH_ALGOS:
+            raise ValueError(f"unknown hash algorithm {config.hash_algo!r}")
+        self.config = config
+        self.groups: list[GroupSpec] = parse_groups(config.groups)
+        self.publisher = publisher if publisher is not None else NullEventPublisher()
+        self.kv = KVCacheManager(self.groups, config.gpu_blocks, config.hash_algo)
+        self.buffers = KVBuffers(
+            self.groups,
+            config.gpu_blocks,
+            config.cpu_blocks,
+            config.num_heads,
+            config.head_dim,
+            device=config.device,
+        )
+        self.cpu: CPUOffloadingManager | None = None
+        self.transfer: TransferWorker | None = None
+        self._new_cpu_tier()
+        self.stats = EngineStats()
+        self._ctx = ReqContext()
+        self._events: list[KVEvent] = []
+        # Parent/tokens of CPU-resident blocks, to announce them like GPU blocks.
+        self._cpu_meta: dict[OffloadKey, BlockMeta | None] = {}
+
+    # ------------------------------------------------------------------ serving
+    def serve(
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> RequestResult:
+        """Prefill one prompt: hit, load back, offload + evict, compute, cache, publish."""
+        kv, cpu, ctx = self.kv, self.cpu, self._ctx
+        request = kv.make_request(token_ids, cache_salt, lora_name)
+        lower = None if cpu is None else (lambda key: cpu.lookup(key, ctx) is True)
+        try:
+            plan = kv.begin(request, lower)
+        except RequestTooLargeError:
+            self.stats.rejected += 1
+            raise
+        load_keys = [k for gp in plan.groups for k in gp.pending.values() if k is not None]
+        load_spec = None
+        if load_keys:
+            assert cpu is not None
+            load_spec = cpu.prepare_load(load_keys, ctx)  # pinned: never evicted meanwhile
+            cpu.touch(load_keys, ctx)
+        offloaded = self._offload(kv.pool.eviction_candidates(plan.num_new_blocks))
+        kv.allocate(plan)
+        self._events += kv.pool.take_events()
+        if load_keys:
+            assert self.transfer is not None and load_spec is not None
+            loads = plan.loads()
+            self.transfer.load(load_keys, load_spec, [bid for _, bid in loads], ctx)
+            self.transfer.wait()
+            if self.config.verify_loads:
+                self._verify_loaded(loads)
+        computed = plan.computed()
+        for g in range(len(self.groups)):
+            mine = [(bid, digest) for gg, bid, digest in computed if gg == g]
+            if mine:
+                self.buffers.write(g, [b for b, _ in mine], [d for _, d in mine])
+        kv.commit(plan)
+        kv.finish(plan)
+        self._events += kv.pool.take_events()
+        self._publish()
+        s = self.stats
+        s.requests += 1
+        s.prompt_tokens += len(token_ids)
+        s.cached_tokens += plan.hit.hit_tokens
+        s.gpu_cached_tokens += plan.hit.gpu_hit_tokens
+        s.loaded_blocks += len(load_keys)
+        s.offloaded_blocks += offloaded
+        s.computed_blocks += len(computed)
+        return RequestResult(
+            len(token_ids),
+            plan.hit.hit_tokens,
+            plan.hit.gpu_hit_tokens,
+            len(load_keys),
+            offloaded,
+            len(computed),
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop both tiers (``AllBlocksCleared`` clears every entry of a worker)."""
+        if not self.kv.reset():
+            return False
+        self._new_cpu_tier()
+        self._cpu_meta.clear()
+        self._events += self.kv.pool.take_events()
+        self._publish()
+        self.stats.resets += 1
+        log.info("worker %s: prefix cache reset (GPU and CPU tiers)", self.config.worker_id)
+        return True
+
+    def shutdown(self) -> None:
+        if self.transfer is not None:
+            self.transfer.wait()
+        self.publisher.shutdown()
+
+    # --------------------------------------------------------------- inspection
+    def state(self) -> set[tuple[int, str, int]]:
+        """``(group, medium, external hash)`` of every block the engine holds."""
+        out = {
+            (get_offload_group_idx(k), MEDIUM_GPU, external_hash(get_offload_block_hash(k)))
+            for k in self.kv.pool.cached_keys()
+        }
+        if self.cpu is not None:
+            out |= {
+                (get_offload_group_idx(k), MEDIUM_CPU, external_hash(get_offload_block_hash(k)))
+                for k in self.cpu.ready_keys()
+            }
+        return out
+
+    def stats_dict(self) -> dict[str, object]:
+        pool = self.kv.pool
+        out: dict[str, object] = dict(asdict(self.stats))
+        out |= {
+            "worker_id": self.config.worker_id,
+            "groups": format_groups(self.groups),
+            "gpu_blocks": pool.num_blocks,
+            "gpu_cached_blocks": pool.num_cached_blocks,
+            "gpu_evictions": pool.evictions,
+            "cpu_blocks": self.config.cpu_blocks,
+            "cpu_cached_blocks": 0 if self.cpu is None else len(self.cpu.ready_keys()),
+            "device": str(self.buffers.device),
+            "publisher": self.publisher.counters(),
+        }
+        if self.transfer is not None:
+            out["transfer"] = asdict(self.transfer.stats)
+        return out
+
+    # ------------------------------------------------------------------ helpers
+    def _new_cpu_tier(self) -> None:
+        cfg = self.config
+        if cfg.cpu_blocks <= 0:
+            return
+        self.cpu = CPUOffloadingManager(cfg.cpu_blocks, cfg.cpu_policy)
+        self.transfer = TransferWorker(self.buffers, self.cpu)
+
+    def _offload(self, candidates: list[int]) -> int:
+        """Store the cached blocks about to be evicted on the CPU tier; returns how many
+        were copied. Too many for the CPU tier: the most recently freed ones go."""
+        cpu, transfer, pool, ctx = self.cpu, self.transfer, self.kv.pool, self._ctx
+        if cpu is None or transfer is None or not candidates:
+            return 0
+        candidates = candidates[-cpu.num_blocks :]
+        by_key = {pool.blocks[b].key: b for b in candidates}
+        keys = [k for k in by_key if k is not None]
+        out = cpu.prepare_store(keys, ctx)
+        if out is None:  # the CPU tier is pinned by loads: these blocks are just dropped
+            self.stats.offload_skipped_blocks += len(keys)
+            self._drain_cpu_events()
+            return 0
+        for key in out.keys_to_store:
+            self._cpu_meta[key] = pool.blocks[by_key[key]].meta
+        if out.keys_to_store:
+            gpu_ids = [by_key[k] for k in out.keys_to_store]
+            transfer.store(out.keys_to_store, gpu_ids, out.store_spec, ctx)
+            transfer.wait()  # the slots are reused right after this
+        self._drain_cpu_events()
+        return len(out.keys_to_store)
+
+    def _verify_loaded(self, loads: list[tuple[OffloadKey, int]]) -> None:
+        for key, bid in loads:
+            g = get_offload_group_idx(key)
+            if not self.buffers.matches(g, [bid], [get_offload_block_hash(key)]):
+                self.stats.load_verify_failures += 1
+                if self.stats.load_verify_failures == 1:
+                    log.error("a block loaded back from CPU does not hold its KV values")
+
+    def _drain_cpu_events(self) -> None:
+        if self.cpu is None:
+            return
+        for ev in self.cpu.take_events():
+            self._events += self._cpu_event(ev)
+
+    def _cpu_event(self, ev: OffloadingEvent) -> list[KVEvent]:
+        """One wire event per run of keys in the same group (stores: per parent chain)."""
+        out: list[KVEvent] = []
+        run: list[OffloadKey] = []
+        for key in ev.keys:
+            if run and not self._continues(run[-1], key, ev.removed):
+                out.append(self._wire_event(run, ev.medium, ev.removed))
+                run = []
+            run.append(key)
+        if run:
+            out.append(self._wire_event(run, ev.medium, ev.removed))
+        if ev.removed:
+            for key in ev.keys:
+                self._cpu_meta.pop(key, None)
+        return out
+
+    def _continues(self, prev: OffloadKey, key: OffloadKey, removed: bool) -> bool:
+        if get_offload_group_idx(prev) != get_offload_group_idx(key):
+            return False
+        if removed:
+            return True
+        meta = self._cpu_meta.get(key)
+        return meta is not None and meta.parent == get_offload_block_hash(prev)
+
+    def _wire_event(self, keys: list[OffloadKey], medium: str, removed: bool) -> KVEvent:
+        group = get_offload_group_idx(keys[0])
+        hashes = [external_hash(get_offload_block_hash(k)) for k in keys]
+        if removed:
+            return BlockRemoved(hashes, medium, group_idx=group)
+        spec = self.groups[group]
+        metas = [self._cpu_meta.get(k) for k in keys]
+        first = metas[0]
+        tokens: list[int] = []
+        for m in metas:
+            tokens += m.token_ids if m is not None else ()
+        extra = [m.extra_keys if m is not None else None for m in metas]
+        lora_name = first.lora_name if first is not None else None
+        return BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=(
+                external_hash(first.parent) if first is not None and first.parent else None
+            ),
+            token_ids=tokens if len(tokens) == spec.block_size * len(keys) else [],
+            block_size=spec.block_size,
+            lora_id=lora_id_for(lora_name),
+            medium=medium,
+            lora_name=lora_name,
+            extra_keys=extra if any(e is not None for e in extra) else None,
+            group_idx=group,
+            kv_cache_spec_kind=spec.kind,
+            kv_cache_spec_sliding_window=spec.sliding_window if spec.kind == KIND_SLIDING else None,
+        )
+
+    def _publish(self) -> None:
+        if not self._events:
+            return
+        events, self._events = self._events, []
+        self.publisher.publish(KVEventBatch(ts=time.time(), events=events))
+        self.stats.events += len(events)
+        self.stats.batches += 1
+
+
+# ---------------------------------------------------------------------- the CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvroute engine",
+        description="Run a simulated engine worker that serves /v1/completions and "
+        "publishes vLLM-format KV events (prefix caching, hybrid groups, CPU offload).",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--worker-id", default="engine-0")
+    p.add_argument("--publish", default="tcp://*:5557", help="PUB endpoint ('' disables)")
+    p.add_argument("--replay", default="tcp://*:5558", help="replay ROUTER endpoint ('' off)")
+    p.add_argument("--topic", default=None, help="ZMQ topic (default kv@<worker-id>)")
+    p.add_argument("--gpu-blocks", type=int, default=1024)
+    p.add_argument("--cpu-blocks", type=int, default=4096, help="0 disables offloading")
+    p.add_argument("--groups", default="full:16", help="e.g. full:16,swa:16:1024,mamba:16")
+    p.add_argument("--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256")
+    p.add_argument("--cpu-policy", choices=("lru", "arc"), default="lru")
+    p.add_argument("--num-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=8)
+    p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from offload_core.engine_app import run_server
+
+    config = EngineConfig(
+        worker_id=args.worker_id,
+        groups=args.groups,
+        gpu_blocks=args.gpu_blocks,
+        cpu_blocks=args.cpu_blocks,
+        hash_algo=args.hash_algo,
+        cpu_policy=args.cpu_policy,
+        num_heads=args.num_heads,
+        head_dim=args.head_dim,
+        device=args.device,
+    )
+    topic = args.topic if args.topic is not None else f"kv@{args.worker_id}"
+    try:
+        parse_groups(config.groups)
+    except ValueError as exc:
+        print(f"kvroute engine: {exc}")
+        return 2
+    return run_server(config, args.host, args.port, args.publish, args.replay or None, topic)

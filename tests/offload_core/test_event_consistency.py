@@ -1,0 +1,175 @@
+"""Event-stream consistency: replaying everything the engine published into an empty
+(group, medium, hash) set reproduces exactly what its GPU pool and CPU tier hold, and the
+hit computed from that set alone is the hit the engine reports."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+
+import pytest
+import zmq
+
+from offload_core.engine import EngineConfig, RequestTooLargeError, SimEngine
+from offload_core.hashing import block_hashes, external_hash
+from offload_core.hit_rule import longest_hit
+from offload_core.kv_cache import request_lora
+from publisher.zmq_publisher import EventPublisher, ZmqEventPublisher
+from schemas import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    decode_batch,
+    encode_batch,
+)
+
+State = set[tuple[int, str, int]]
+
+
+class WireCapture(EventPublisher):
+    """Keeps each batch as the bytes a subscriber would decode (a test sink)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.payloads: list[bytes] = []
+
+    def publish(self, batch: KVEventBatch) -> None:
+        self.payloads.append(encode_batch(batch))
+
+    def shutdown(self, timeout: float = 1.0) -> None:
+        return
+
+
+def apply(state: State, batch: KVEventBatch) -> None:
+    """Replay one batch; the engine promises set semantics, so duplicates are errors."""
+    for ev in batch.events:
+        if isinstance(ev, AllBlocksCleared):
+            state.clear()
+            continue
+        assert ev.group_idx is not None and ev.medium in ("GPU", "CPU")
+        for h in ev.block_hashes:
+            assert isinstance(h, int)
+            entry = (ev.group_idx, ev.medium, h)
+            if isinstance(ev, BlockStored):
+                assert entry not in state, f"stored twice: {entry}"
+                state.add(entry)
+            else:
+                assert isinstance(ev, BlockRemoved)
+                assert entry in state, f"removed but never stored: {entry}"
+                state.discard(entry)
+
+
+def hit_from_state(engine: SimEngine, state: State, prompt: list[int], salt, lora) -> int:
+    """What a router holding only the replayed events predicts (any tier)."""
+    cached = []
+    for g, spec in enumerate(engine.groups):
+        digests = block_hashes(prompt, spec.block_size, "sha256", salt, request_lora(lora))
+        ints = [external_hash(d) for d in digests]
+        cached.append([(g, "GPU", h) in state or (g, "CPU", h) in state for h in ints])
+    return longest_hit(len(prompt), engine.groups, cached)
+
+
+def workload(seed: int, n: int) -> list[tuple[list[int], str | None, str | None]]:
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(50_000) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
+    out = []
+    for _ in range(n):
+        prompt = list(rng.choice(prefixes))
+        prompt += [rng.randrange(50_000) for _ in range(rng.randrange(0, 24))]
+        if rng.random() < 0.3:  # grow a prefix: multi-turn sessions
+            prefixes[rng.randrange(len(prefixes))] = prompt
+        salt = rng.choice([None, None, None, "tenant-a"])
+        lora = rng.choice([None, None, None, "sql"])
+        out.append((prompt, salt, lora))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("groups", "policy"),
+    [
+        ("full:4", "lru"),
+        ("full:4,swa:4:8,mamba:4", "lru"),
+        ("full:4,swa:8:16", "arc"),
+        ("full:4,swa:4:4,mamba:8", "arc"),
+    ],
+)
+def test_replayed_events_match_engine_state_after_every_request(groups: str, policy: str) -> None:
+    capture = WireCapture()
+    cfg = EngineConfig(groups=groups, gpu_blocks=40, cpu_blocks=24, cpu_policy=policy)
+    engine = SimEngine(cfg, capture)
+    state: State = set()
+    seen = 0
+
+    def catch_up() -> None:
+        nonlocal seen
+        for payload in capture.payloads[seen:]:
+            apply(state, decode_batch(payload))
+        seen = len(capture.payloads)
+
+    for i, (prompt, salt, lora) in enumerate(workload(sum(map(ord, groups)), 150)):
+        if i == 90:
+            assert engine.reset_prefix_cache()
+            catch_up()
+            assert state == engine.state() == set()
+        predicted = hit_from_state(engine, state, prompt, salt, lora)
+        try:
+            result = engine.serve(prompt, salt, lora)
+        except RequestTooLargeError:
+            assert len(capture.payloads) == seen  # a refused prompt changes nothing
+            continue
+        assert result.cached_tokens == predicted, f"request {i}"
+        catch_up()
+        assert state == engine.state(), f"request {i}"
+    s = engine.stats
+    assert s.offloaded_blocks > 0 and s.loaded_blocks > 0 and engine.kv.pool.evictions > 0
+    assert s.load_verify_failures == 0
+    assert s.resets == 1
+    assert any(m == "CPU" for _, m, _ in state) and any(m == "GPU" for _, m, _ in state)
+
+
+def test_events_received_on_a_real_sub_socket_rebuild_the_state() -> None:
+    pub = ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", topic="kv@w1")
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        assert pub.bound_endpoint and pub.bound_replay_endpoint
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv@w1")
+        sub.connect(pub.bound_endpoint)
+        dealer.connect(pub.bound_replay_endpoint)
+        cfg = EngineConfig(groups="full:4,swa:4:8", gpu_blocks=48, cpu_blocks=16)
+        engine = SimEngine(cfg, pub)
+        for prompt, salt, lora in workload(7, 80):
+            with contextlib.suppress(RequestTooLargeError):
+                engine.serve(prompt, salt, lora)
+        total = engine.stats.batches
+        payloads: dict[int, bytes] = {}
+        deadline = time.monotonic() + 20
+        # Live frames; a subscriber joining late misses the first ones (ZMQ slow joiner).
+        while time.monotonic() < deadline and (total - 1) not in payloads:
+            if sub.poll(200):
+                topic, seq, payload = sub.recv_multipart()
+                assert topic == b"kv@w1"
+                payloads[int.from_bytes(seq, "big")] = payload
+        assert payloads, "no live frame arrived"
+        missing = [s for s in range(total) if s not in payloads]
+        if missing:  # fetch what was missed from the replay socket, like a router
+            dealer.send_multipart([b"", missing[0].to_bytes(8, "big")])
+            while True:
+                assert dealer.poll(10_000), "replay timed out"
+                _, topic, seq, payload = dealer.recv_multipart()
+                if topic == b"":
+                    break
+                payloads.setdefault(int.from_bytes(seq, "big"), payload)
+        assert sorted(payloads) == list(range(total))
+        state: State = set()
+        for seq in range(total):
+            apply(state, decode_batch(payloads[seq]))
+        assert state == engine.state()
+        assert engine.stats.offloaded_blocks > 0
+    finally:
+        sub.close(linger=0)
+        dealer.close(linger=0)
+        pub.shutdown()
