@@ -110,7 +110,14 @@ def batch(*events: Any, rank: int | None = 0) -> KVEventBatch:
 class FakeEngine:
     """An XPUB + replay ROUTER pair driven by the test (asyncio sockets, this loop)."""
 
-    def __init__(self, *, topic: str = "", buffer: int = 10_000, replay: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        topic: str = "",
+        buffer: int = 10_000,
+        replay: bool = True,
+        endpoint: str = "tcp://127.0.0.1:*",
+    ) -> None:
         self.ctx = zmq.asyncio.Context()
         self.topic = topic.encode()
         self.buffer_max = buffer
@@ -121,7 +128,7 @@ class FakeEngine:
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self.pub.bind("tcp://127.0.0.1:*")
+        self.pub.bind(endpoint)
         self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router: zmq.asyncio.Socket | None = None
         self.replay_endpoint: str | None = None

@@ -1,0 +1,307 @@
+"""Subscriber behaviour over real ZMQ sockets: order, gaps, replay, resync, garbage, DP ranks.
+
+Each test drives a ``FakeEngine`` (XPUB + replay ROUTER we control) into a real
+``RouterService`` with the in-memory index, and checks the index through the scorer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+from _helpers import FakeEngine, batch, removed, stored, wait_until
+
+from router.config import RouterSettings, WorkerSpec
+from router.service import RouterService
+from router.subscriber import InvalidEndpoint
+
+BS = 4
+
+
+def chain(i: int) -> tuple[list[int], list[int]]:
+    """Chain ``i``: two blocks of 4 tokens with made-up engine hashes (canonical mode)."""
+    return [i * 10 + 1, i * 10 + 2], [i * 1000 + k for k in range(2 * BS)]
+
+
+def store_chain(i: int) -> Any:
+    hashes, tokens = chain(i)
+    return stored(hashes, tokens, block_size=BS)
+
+
+async def hits(svc: RouterService, worker_id: str, i: int) -> int:
+    """Tokens of chain ``i`` the worker holds (0, or 8 when both blocks are indexed)."""
+    tokens = chain(i)[1] + [7]
+    resp = await svc.score(tokens, [worker_id])
+    return resp.workers[0].hit_tokens
+
+
+@pytest.fixture
+async def service() -> AsyncIterator[RouterService]:
+    svc = RouterService(RouterSettings(replay_timeout_s=1.0))
+    await svc.start()
+    yield svc
+    await svc.stop()
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[FakeEngine]:
+    eng = FakeEngine()
+    yield eng
+    await eng.close()
+
+
+async def register(svc: RouterService, eng: FakeEngine, worker_id: str = "w0", **kw: Any) -> Any:
+    await svc.add_worker(WorkerSpec(**eng.spec(worker_id, **kw)))
+    await eng.wait_subscribed()
+    sub = svc.subscriptions.get(worker_id)
+    assert sub is not None
+    # The start-up catch-up replay has been answered once the buffer state is known.
+    if eng.replay_endpoint is not None:
+        await wait_until(lambda: len(eng.replay_requests) >= 1 and not sub.syncing)
+    return sub
+
+
+async def applied(sub: Any, seq: int, rank: int = 0) -> None:
+    await wait_until(lambda: sub.last_seq.get(rank, -1) >= seq, what=f"seq {seq} applied")
+
+
+async def test_in_order_frames_are_applied_once(service: RouterService, engine: FakeEngine):
+    sub = await register(service, engine)
+    for i in range(3):
+        await engine.publish(batch(store_chain(i)))
+    await applied(sub, 2)
+    assert sub.counters.batches == 3
+    assert sub.counters.gaps == 0 and sub.counters.resyncs == 0
+    assert sub.state == "connected"
+    assert [await hits(service, "w0", i) for i in range(3)] == [8, 8, 8]
+
+
+async def test_startup_replay_learns_what_was_published_before(
+    service: RouterService, engine: FakeEngine
+):
+    for i in range(2):  # nobody listens yet: only the replay buffer has these
+        await engine.publish(batch(store_chain(i)), deliver=False)
+    sub = await register(service, engine)
+    await applied(sub, 1)
+    assert engine.replay_requests[0] == 0
+    assert [await hits(service, "w0", i) for i in range(2)] == [8, 8]
+    assert sub.counters.resyncs == 0
+
+
+async def test_gap_is_replayed_and_each_batch_applied_exactly_once(
+    service: RouterService, engine: FakeEngine
+):
+    sub = await register(service, engine)
+    await engine.publish(batch(store_chain(0)))
+    await applied(sub, 0)
+    await engine.publish(batch(store_chain(1)), deliver=False)  # lost on the way
+    await engine.publish(batch(store_chain(2)))
+    await engine.publish(batch(store_chain(3)))
+    await applied(sub, 3)
+    assert sub.counters.gaps == 1
+    assert engine.replay_requests[-1] == 1
+    assert sub.counters.batches == 4  # 0, 1 and 2 (replayed), 3; never twice
+    assert sub.counters.resyncs == 0
+    assert [await hits(service, "w0", i) for i in range(4)] == [8, 8, 8, 8]
+
+
+async def test_gap_older_than_buffer_clears_and_rebuilds(service: RouterService):
+    engine = FakeEngine(buffer=2)
+    try:
+        sub = await register(service, engine)
+        await engine.publish(batch(store_chain(0)))
+        await applied(sub, 0)
+        for i in (1, 2, 3):
+            await engine.publish(batch(store_chain(i)), deliver=False)
+        await engine.publish(batch(store_chain(4)))  # buffer now holds seqs 3, 4
+        await applied(sub, 4)
+        assert sub.counters.gaps == 1 and sub.counters.resyncs == 1
+        # Chain 0 was cleared (its fate is unknown after the hole); 3 and 4 rebuilt.
+        assert [await hits(service, "w0", i) for i in range(5)] == [0, 0, 0, 8, 8]
+        assert sub.state == "connected"
+    finally:
+        await engine.close()
+
+
+async def test_publisher_restart_resyncs(service: RouterService, engine: FakeEngine):
+    sub = await register(service, engine)
+    for i in range(3):
+        await engine.publish(batch(store_chain(i)))
+    await applied(sub, 2)
+    engine.restart_seq()  # a new process: seq restarts at 0, empty cache
+    await engine.publish(batch(store_chain(5)))
+    await wait_until(lambda: sub.counters.resyncs == 1, what="resync")
+    await applied(sub, 0)
+    assert [await hits(service, "w0", i) for i in (0, 1, 2, 5)] == [0, 0, 0, 8]
+    await engine.publish(batch(store_chain(6)))
+    await applied(sub, 1)
+    assert sub.counters.resyncs == 1 and sub.counters.gaps == 0
+
+
+async def test_gap_without_replay_endpoint_resyncs(service: RouterService):
+    engine = FakeEngine(replay=False)
+    try:
+        sub = await register(service, engine)
+        await engine.publish(batch(store_chain(0)))
+        await applied(sub, 0)
+        await engine.publish(batch(store_chain(1)), deliver=False)
+        await engine.publish(batch(store_chain(2)))
+        await applied(sub, 2)
+        assert sub.counters.gaps == 1 and sub.counters.resyncs == 1
+        assert [await hits(service, "w0", i) for i in range(3)] == [0, 0, 8]
+    finally:
+        await engine.close()
+
+
+async def test_silent_replay_endpoint_times_out_without_wedging(service: RouterService):
+    engine = FakeEngine(replay=False)
+    silent = zmq.asyncio.Context()
+    router = silent.socket(zmq.ROUTER)  # bound, never answers
+    router.bind("tcp://127.0.0.1:*")
+    try:
+        service.settings.replay_timeout_s = 0.2
+        spec = engine.spec("w0", replay_endpoint=router.getsockopt_string(zmq.LAST_ENDPOINT))
+        await service.add_worker(WorkerSpec(**spec))
+        await engine.wait_subscribed()
+        sub = service.subscriptions.get("w0")
+        assert sub is not None
+        await wait_until(lambda: sub.counters.replay_failures >= 1, what="startup replay timeout")
+        await engine.publish(batch(store_chain(0)), deliver=False)
+        await engine.publish(batch(store_chain(1)))  # first frame at seq 1: catch-up fails
+        await applied(sub, 1)
+        await engine.publish(batch(store_chain(2)), deliver=False)
+        await engine.publish(batch(store_chain(3)))  # gap: replay times out -> resync
+        await applied(sub, 3)
+        assert sub.counters.replay_failures == 3
+        assert sub.counters.resyncs == 1
+        assert [await hits(service, "w0", i) for i in range(4)] == [0, 0, 0, 8]
+    finally:
+        silent.destroy(linger=0)
+        await engine.close()
+
+
+async def test_garbage_frames_are_counted_and_never_touch_the_index(
+    service: RouterService, engine: FakeEngine
+):
+    sub = await register(service, engine)
+    await engine.publish(batch(store_chain(0)))
+    await applied(sub, 0)
+    before = service.ingestor.counters.as_dict()
+    await engine.send_raw([b"only-two", b"frames"])
+    await engine.send_raw([b"", b"\x00\x01", b"short seq"])
+    await engine.send_raw([b"", b"", b"", b"", b"five"])
+    await engine.publish_payload(b"\xc1 not msgpack")  # seq 1, undecodable
+    await engine.publish_payload(msgspec.msgpack.encode({"a": 1}))  # seq 2, wrong shape
+    unknown = msgspec.msgpack.encode([1.0, [{"type": "BlockTeleported", "x": 1}], 0])
+    await engine.publish_payload(unknown)  # seq 3: decodes, event skipped
+    await engine.publish(batch(store_chain(1)))  # seq 4
+    await applied(sub, 4)
+    assert sub.counters.decode_errors == 5
+    assert sub.decode_stats.unknown_event_types == 1
+    assert sub.counters.gaps == 0 and sub.counters.resyncs == 0  # bad seqs are not gaps
+    after = service.ingestor.counters.as_dict()
+    assert after["blocks_stored"] == before["blocks_stored"] + 2  # chain 1 only
+    assert [await hits(service, "w0", i) for i in range(2)] == [8, 8]
+
+
+async def test_two_dp_ranks_on_one_endpoint_are_tracked_apart(
+    service: RouterService, engine: FakeEngine
+):
+    sub = await register(service, engine)
+    rank_seq = {0: 0, 1: 0}
+    for i, rank in enumerate([0, 1, 1, 0, 1]):
+        payload = msgspec.msgpack.encode(batch(store_chain(i), rank=rank))
+        seq = rank_seq[rank]
+        rank_seq[rank] += 1
+        await engine.send_raw([b"", seq.to_bytes(8, "big"), payload])
+    await applied(sub, 1, rank=0)
+    await applied(sub, 2, rank=1)
+    assert sub.last_seq == {0: 1, 1: 2}
+    assert sub.counters.gaps == 0 and sub.counters.resyncs == 0
+    assert sub.counters.batches == 5
+    assert [await hits(service, "w0", i) for i in range(5)] == [8] * 5
+
+
+async def test_topic_prefix_filter(service: RouterService):
+    engine = FakeEngine(topic="kv@w0")
+    try:
+        sub = await register(service, engine)
+        await engine.publish(batch(store_chain(0)))
+        await engine.send_raw(
+            [b"other", (1).to_bytes(8, "big"), msgspec.msgpack.encode(batch(store_chain(1)))]
+        )
+        await engine.publish(batch(store_chain(2)))  # seq 1 of our topic
+        await applied(sub, 1)
+        assert [await hits(service, "w0", i) for i in range(3)] == [8, 0, 8]
+    finally:
+        await engine.close()
+
+
+async def test_removals_and_clear_flow_through(service: RouterService, engine: FakeEngine):
+    sub = await register(service, engine)
+    await engine.publish(batch(store_chain(0), store_chain(1)))
+    await engine.publish(batch(removed(chain(0)[0])))
+    await applied(sub, 1)
+    assert [await hits(service, "w0", i) for i in range(2)] == [0, 8]
+    await engine.publish(batch(msgspec_clear()))
+    await applied(sub, 2)
+    assert await hits(service, "w0", 1) == 0
+
+
+def msgspec_clear() -> Any:
+    from schemas import AllBlocksCleared
+
+    return AllBlocksCleared()
+
+
+async def test_reconnects_when_the_engine_comes_back(service: RouterService):
+    engine = FakeEngine(replay=False)
+    sub = await register(service, engine)
+    await engine.publish(batch(store_chain(0)))
+    await applied(sub, 0)
+    endpoint = engine.endpoint
+    await engine.close()
+    await wait_until(lambda: sub.state == "disconnected", what="disconnect seen")
+    engine = FakeEngine(replay=False, endpoint=endpoint)
+    try:
+        await engine.wait_subscribed()
+        await wait_until(lambda: sub.state == "connected", what="reconnect seen")
+        engine.next_seq = 1  # the same process, back on the network
+        await engine.publish(batch(store_chain(1)))
+        await applied(sub, 1)
+        assert [await hits(service, "w0", i) for i in range(2)] == [8, 8]
+        assert sub.counters.gaps == 0
+    finally:
+        await engine.close()
+
+
+async def test_invalid_endpoint_is_refused(service: RouterService):
+    with pytest.raises(InvalidEndpoint):
+        await service.add_worker(WorkerSpec(worker_id="bad", endpoint="tcp://*:5557"))
+    assert "bad" not in service.subscriptions
+
+
+async def test_api_stays_responsive_while_a_backlog_drains(
+    service: RouterService, engine: FakeEngine
+):
+    sub = await register(service, engine)
+    n = 3000
+    for i in range(n):
+        await engine.publish(batch(store_chain(i)))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await applied(sub, n - 1)
+    task.cancel()
+    assert ticks > n // 512  # the event loop ran other tasks while draining
