@@ -1,0 +1,306 @@
+"""The Redis index: shared by router replicas, survives router restarts.
+
+Why Lua: a batch is applied by one script call (one round trip, atomic, idempotent under
+retries) and a score fetches every worker's membership with one pipelined script call
+per worker (one round trip; cluster-ready because each call stays in its worker's slot).
+Key layout: ``router.index.redis_lua``. Engine hash -> key lookups needed *before* a batch
+(parents of stores from earlier batches) go through a bounded local cache of mappings
+this process wrote or read -- mappings never change meaning, so the cache is never
+stale, only incomplete -- and one ``HMGET`` for the misses.
+
+Connection errors and timeouts (short by default) become ``IndexUnavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from router.index import redis_lua
+from router.index.base import (
+    BIT_MEDIA,
+    ApplyResult,
+    BlockKey,
+    ClearOp,
+    EngineHash,
+    GroupMeta,
+    IndexBackend,
+    IndexUnavailable,
+    Op,
+    StoreOp,
+    WorkerSnapshot,
+    WorkerState,
+)
+
+NAMESPACE = "kvroute:"
+WORKERS_KEY = NAMESPACE + "workers"
+_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+_T = TypeVar("_T")
+
+
+class _State(msgspec.Struct, array_like=True):
+    hash_mode: str
+    groups: dict[int, GroupMeta]
+
+
+_state_enc = msgspec.msgpack.Encoder()
+_state_dec = msgspec.msgpack.Decoder(_State)
+
+
+def worker_prefix(worker_id: str) -> str:
+    """``kvroute:{w:<id>}:`` -- the hash tag puts all of a worker's keys in one slot."""
+    return f"{NAMESPACE}{{w:{worker_id}}}:"
+
+
+def encode_hash(h: EngineHash) -> bytes:
+    """An engine hash as a Redis field: ints and digests never collide."""
+    if isinstance(h, bytes):
+        return b"b" + h
+    if 0 <= h < 1 << 64:
+        return b"i" + h.to_bytes(8, "big")
+    return b"I" + str(h).encode()
+
+
+def _plan(groups: dict[int, GroupMeta]) -> str:
+    order = sorted(groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
+    return ";".join(f"{g},{m.block_size},{int(m.rule == 'full')}" for g, m in order)
+
+
+class RedisIndex(IndexBackend):
+    """redis-py asyncio backend; see the module docstring for the why."""
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        socket_timeout: float = 2.0,
+        connect_timeout: float = 1.0,
+        cache_entries: int = 1_000_000,
+    ) -> None:
+        self.url = url
+        self._r = aioredis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), 1),
+            decode_responses=False,
+        )
+        self._sha: dict[str, str] = {}
+        self._cache: dict[tuple[str, int], dict[EngineHash, BlockKey]] = {}
+        self._cached = 0
+        self._cache_limit = cache_entries
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[[], Awaitable[_T]]) -> _T:
+        try:
+            return await fn()
+        except _DOWN as exc:
+            raise IndexUnavailable(f"redis at {self.url} unavailable: {exc}") from exc
+
+    async def _script_sha(self, name: str, reload: bool = False) -> str:
+        if reload or name not in self._sha:
+            self._sha[name] = await self._r.script_load(getattr(redis_lua, name))
+        return self._sha[name]
+
+    async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        async def run() -> Any:
+            try:
+                return await self._r.evalsha(await self._script_sha(name), len(keys), *keys, *args)
+            except NoScriptError:  # Redis restarted or SCRIPT FLUSH
+                sha = await self._script_sha(name, reload=True)
+                return await self._r.evalsha(sha, len(keys), *keys, *args)
+
+        return await self._call(run)
+
+    def _remember(self, worker_id: str, bs: int, pairs: dict[EngineHash, BlockKey]) -> None:
+        if self._cached + len(pairs) > self._cache_limit:
+            self._cache.clear()  # bounded: drop everything, misses go back to Redis
+            self._cached = 0
+        cache = self._cache.setdefault((worker_id, bs), {})
+        before = len(cache)
+        cache.update(pairs)
+        self._cached += len(cache) - before
+
+    def _forget(self, worker_id: str) -> None:
+        for key in [k for k in self._cache if k[0] == worker_id]:
+            self._cached -= len(self._cache.pop(key))
+
+    # -- IndexBackend -------------------------------------------------------------------
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._r.ping())
+        except _DOWN:
+            return False
+
+    async def close(self) -> None:
+        await self._r.aclose()
+
+    async def stats(self) -> dict[str, int | float | str]:
+        workers = await self.known_workers()
+
+        async def collect() -> tuple[int, int, int]:
+            pipe = self._r.pipeline(transaction=False)
+            for w in workers:
+                pipe.smembers(worker_prefix(w) + "keys")
+            names = [n.decode() for members in await pipe.execute() for n in members]
+            pipe = self._r.pipeline(transaction=False)
+            for n in names:
+                pipe.hlen(n)
+            lens = await pipe.execute() if names else []
+            entries = sum(c for n, c in zip(names, lens, strict=True) if ":g:" in n)
+            map_entries = sum(c for n, c in zip(names, lens, strict=True) if ":e:" in n)
+            used = int((await self._r.info("memory"))["used_memory"])
+            return entries, map_entries, used
+
+        entries, map_entries, used = await self._call(collect)
+        return {
+            "backend": self.kind,
+            "workers": len(workers),
+            "entries": entries,
+            "map_entries": map_entries,
+            "bytes": used,
+            "bytes_per_entry": round(used / entries, 1) if entries else 0.0,
+        }
+
+    async def load_worker(self, worker_id: str) -> WorkerState | None:
+        raw = await self._call(lambda: self._r.hget(worker_prefix(worker_id) + "meta", "state"))
+        if raw is None:
+            return None
+        st = _state_dec.decode(raw)
+        return WorkerState(dict(st.groups), st.hash_mode)
+
+    async def save_worker(self, worker_id: str, state: WorkerState) -> None:
+        blob = _state_enc.encode(_State(state.hash_mode, state.groups))
+        meta = worker_prefix(worker_id) + "meta"
+
+        async def run() -> None:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.hset(meta, mapping={"state": blob, "plan": _plan(state.groups)})
+            pipe.sadd(WORKERS_KEY, worker_id)
+            await pipe.execute()
+
+        await self._call(run)
+
+    async def known_workers(self) -> list[str]:
+        members = await self._call(lambda: self._r.smembers(WORKERS_KEY))
+        return sorted(m.decode() for m in members)
+
+    async def resolve(
+        self, worker_id: str, block_size: int, hashes: Sequence[EngineHash]
+    ) -> list[BlockKey | None]:
+        cache = self._cache.get((worker_id, block_size), {})
+        out = [cache.get(h) for h in hashes]
+        misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
+        if not misses:
+            return out
+        name = f"{worker_prefix(worker_id)}e:{block_size}"
+        raw = await self._call(lambda: self._r.hmget(name, [encode_hash(h) for h in misses]))
+        found = {h: int.from_bytes(v, "big") for h, v in zip(misses, raw, strict=True) if v}
+        if found:
+            self._remember(worker_id, block_size, found)
+        return [k if k is not None else found.get(h) for h, k in zip(hashes, out, strict=True)]
+
+    async def apply(
+        self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
+    ) -> ApplyResult:
+        prefix = worker_prefix(worker_id)
+        args: list[Any] = [prefix]
+        for op in ops:
+            if isinstance(op, ClearOp):
+                args.append(3)
+                self._forget(worker_id)
+                continue
+            bs = groups[op.group].block_size
+            sibs = [g for g, m in groups.items() if g != op.group and m.block_size == bs]
+            store = isinstance(op, StoreOp)
+            args += [1 if store else 2, op.group, bs, op.medium_bit, len(sibs), *sibs]
+            args.append(len(op.hashes))
+            if isinstance(op, StoreOp):
+                self._remember(worker_id, bs, dict(zip(op.hashes, op.keys, strict=True)))
+                for h, k in zip(op.hashes, op.keys, strict=True):
+                    args.append(encode_hash(h))
+                    args.append(k.to_bytes(8, "big"))
+            else:
+                args += [encode_hash(h) for h in op.hashes]
+        got = await self._eval("APPLY", [prefix + "keys"], args)
+        return ApplyResult(*(int(x) for x in got))
+
+    async def clear_worker(self, worker_id: str) -> None:
+        self._forget(worker_id)
+        prefix = worker_prefix(worker_id)
+        await self._eval("APPLY", [prefix + "keys"], [prefix, 3])
+
+    async def remove_worker(self, worker_id: str) -> None:
+        await self.clear_worker(worker_id)
+
+        async def run() -> None:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.unlink(worker_prefix(worker_id) + "meta")
+            pipe.srem(WORKERS_KEY, worker_id)
+            await pipe.execute()
+
+        await self._call(run)
+
+    async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
+        state = await self.load_worker(worker_id)
+        if state is None or not state.groups:
+            return {}
+        prefix = worker_prefix(worker_id)
+        order = sorted(state.groups)
+
+        async def run() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for g in order:
+                pipe.hgetall(f"{prefix}n:{g}")
+            return await pipe.execute()
+
+        out: dict[int, dict[str, int]] = {}
+        for g, raw in zip(order, await self._call(run), strict=True):
+            counts = {int(k): int(v) for k, v in raw.items()}
+            out[g] = {m: counts[b] for b, m in BIT_MEDIA if counts.get(b)}
+        return out
+
+    async def fetch(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> dict[str, WorkerSnapshot | None]:
+        blobs: list[Any] = []
+        for bs, keys in keys_by_size.items():
+            blobs += [bs, b"".join(k.to_bytes(8, "big") for k in keys)]
+        ids = list(dict.fromkeys(worker_ids))
+        if not ids:
+            return {}
+        sha = await self._call(lambda: self._script_sha("FETCH"))
+
+        async def run() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for w in ids:
+                p = worker_prefix(w)
+                pipe.evalsha(sha, 1, p + "meta", p, *blobs)
+            return await pipe.execute()
+
+        try:
+            replies = await self._call(run)
+        except NoScriptError:
+            await self._call(lambda: self._script_sha("FETCH", reload=True))
+            return await self.fetch(worker_ids, keys_by_size)
+        out: dict[str, WorkerSnapshot | None] = {}
+        for w, reply in zip(ids, replies, strict=True):
+            if reply is None:
+                out[w] = None
+                continue
+            st = _state_dec.decode(reply[0])
+            masks = {int(reply[i]): bytes(reply[i + 1]) for i in range(1, len(reply), 2)}
+            out[w] = WorkerSnapshot(dict(st.groups), masks)
+        return out
