@@ -115,6 +115,9 @@ class InflightTable:
     def load(self, worker_id: str) -> WorkerLoad:
         return self._loads.get(worker_id) or WorkerLoad()
 
+    def requests_by_worker(self) -> dict[str, int]:
+        return {w: load.requests for w, load in self._loads.items()}
+
 
 class PrefixMemory:
     """Prefix keys at a fixed token granularity: predictions and popularity.
@@ -265,6 +268,9 @@ class RoutingCore:
             self.config.hot_min_requests,
         )
         self._policies: dict[str, Policy] = {}
+        # Plain counters; the API exports them as Prometheus metrics at scrape time.
+        self.routed: Counter[str] = Counter()
+        self.finished = 0
 
     def policy(self, name: str | None) -> Policy:
         """The (stateful) policy object for ``name``; ``ValueError`` when unknown."""
@@ -326,6 +332,7 @@ class RoutingCore:
         if keys:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
+        self.routed[chooser.name] += 1
         return Decision(
             request_id=request_id,
             worker_id=chosen.worker_id,
@@ -343,4 +350,10 @@ class RoutingCore:
     def finish(self, request_id: str, now: float | None = None) -> bool:
         """Stop counting a request; False when it is unknown or already expired."""
         self.expire(now)
-        return self.inflight.finish(request_id) is not None
+        if self.inflight.finish(request_id) is None:
+            return False
+        self.finished += 1
+        return True
+
+    def inflight_by_worker(self) -> dict[str, int]:
+        return self.inflight.requests_by_worker()
