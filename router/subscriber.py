@@ -195,7 +195,7 @@ class WorkerSubscription:
         if self.spec.replay_endpoint is not None and self._settings.initial_replay:
             # Learn what the engine announced before we subscribed, as far as its buffer
             # reaches. A silent/absent publisher just times out; live frames follow.
-            await self._recover(start=0, clear_on_miss=False, clear_first=False)
+            await self._recover(start=0, clear_on_miss=False, clear_first=False, quiet=True)
         while True:
             try:
                 frames = await self._sub.recv_multipart()
@@ -261,7 +261,9 @@ class WorkerSubscription:
         await self._apply_if_new(seq, batch)
 
     # ------------------------------------------------------------------ recovery
-    async def _recover(self, *, start: int, clear_on_miss: bool, clear_first: bool) -> None:
+    async def _recover(
+        self, *, start: int, clear_on_miss: bool, clear_first: bool, quiet: bool = False
+    ) -> None:
         """Replay from ``start`` and apply what it returns exactly once.
 
         ``clear_on_miss``: the replay must begin at ``start`` or the stream has a hole we
@@ -282,7 +284,10 @@ class WorkerSubscription:
                 )
             except ReplayFailed as exc:
                 self.counters.replay_failures += 1
-                log.warning("worker %s: %s", self.worker_id, exc)
+                # At start-up the engine may simply not be up yet: not worth a warning.
+                log.log(
+                    logging.INFO if quiet else logging.WARNING, "worker %s: %s", self.worker_id, exc
+                )
                 frames, malformed = [], 0
             prefix = self.spec.topic.encode()
             frames = [f for f in frames if f.topic.startswith(prefix)]

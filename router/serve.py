@@ -1,0 +1,157 @@
+"""``kvroute serve``: run the router (REST API + event ingestion) under uvicorn.
+
+Every flag has a ``KVROUTE_*`` environment variable and a config-file key of the same
+name; precedence is flag > environment > ``--config`` file > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from router.config import ENV_PREFIX, load_settings, parse_worker_spec
+
+log = logging.getLogger("router.serve")
+
+# Fields of LogRecord that are not user-supplied extras.
+_RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, and any ``extra=`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _RECORD_FIELDS and not key.startswith("_"):
+                out[key] = value if isinstance(value, str | int | float | bool) else str(value)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(level: str, as_json: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if as_json:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = ENV_PREFIX
+    p = argparse.ArgumentParser(
+        prog="kvroute serve",
+        description="Run the cache-aware router: subscribe to engines' KV events, "
+        "answer /v1/score and friends. Every flag also reads KVROUTE_<NAME>.",
+    )
+    add = p.add_argument
+    add("--config", metavar="FILE", help=f"YAML/JSON settings file ({env}CONFIG)")
+    add("--host", help=f"bind address ({env}HOST, default 127.0.0.1)")
+    add("--port", type=int, help=f"HTTP port ({env}PORT, default 8000)")
+    add("--index", choices=("memory", "redis"), help=f"index backend ({env}INDEX)")
+    add("--redis-url", help=f"Redis URL for --index redis ({env}REDIS_URL)")
+    add(
+        "--worker",
+        dest="workers",
+        action="append",
+        metavar="ID=ENDPOINT[,replay=EP][,topic=T][,http=URL][,model=M]",
+        help=f"register a worker at start-up; repeatable ({env}WORKERS: specs separated "
+        "by ';' or a JSON list)",
+    )
+    add("--api-key", help=f"key required on mutating endpoints ({env}API_KEY)")
+    add(
+        "--api-key-all",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"also require the key on score/route ({env}API_KEY_ALL)",
+    )
+    add(
+        "--log-json",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"JSON log lines ({env}LOG_JSON)",
+    )
+    add("--log-level", choices=("debug", "info", "warning", "error"), help=f"({env}LOG_LEVEL)")
+    add(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"log every HTTP request ({env}ACCESS_LOG)",
+    )
+    add("--max-request-tokens", type=int, help=f"413 above this ({env}MAX_REQUEST_TOKENS)")
+    add("--replay-timeout-s", type=float, help=f"replay reply timeout ({env}REPLAY_TIMEOUT_S)")
+    add(
+        "--initial-replay",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"replay each publisher's buffer on subscribe ({env}INITIAL_REPLAY)",
+    )
+    add("--default-kind", help=f"group kind for engines that send none ({env}DEFAULT_KIND)")
+    add(
+        "--default-block-size",
+        type=int,
+        help=f"block size for events that lack one ({env}DEFAULT_BLOCK_SIZE)",
+    )
+    add(
+        "--tier-weights",
+        type=json.loads,
+        metavar="JSON",
+        help=f'e.g. \'{{"CPU": 0.8, "STORAGE": 0.5}}\' ({env}TIER_WEIGHTS)',
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if k != "config"}
+    try:
+        if overrides.get("workers"):
+            overrides["workers"] = [parse_worker_spec(w) for w in overrides["workers"]]
+        settings = load_settings(args.config, **overrides)
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"kvroute serve: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level, settings.log_json)
+
+    import uvicorn
+
+    from router.api import create_app
+
+    app = create_app(settings=settings)
+    log.info(
+        "kvroute serve on http://%s:%d (index=%s, workers=%d)",
+        settings.host,
+        settings.port,
+        settings.index,
+        len(settings.workers),
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        lifespan="on",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
