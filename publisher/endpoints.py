@@ -1,0 +1,48 @@
+"""Endpoint rules shared with vLLM's ``ZmqEventPublisher``.
+
+An engine and its consumers must agree on who binds and which port a data-parallel rank
+uses without talking to each other, so these rules copy vLLM 0.33's behaviour exactly
+where it defines one, and extend it only where vLLM would fail.
+"""
+
+from __future__ import annotations
+
+
+def should_bind(endpoint: str) -> bool:
+    """True if the PUB socket binds ``endpoint``; False if it connects.
+
+    vLLM's heuristic ("bind stable, connect volatile"): a wildcard host or port (``*``),
+    an IPv6 address (``::``), or a local transport (``ipc://``, ``inproc://``) means the
+    engine owns the address and binds; anything else names a remote peer to connect to.
+    The replay ROUTER is not subject to this rule: it always binds, as in vLLM.
+    """
+    return (
+        "*" in endpoint
+        or "::" in endpoint
+        or endpoint.startswith("ipc://")
+        or endpoint.startswith("inproc://")
+    )
+
+
+def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str | None:
+    """The endpoint data-parallel rank ``data_parallel_rank`` uses.
+
+    As in vLLM: rank 0 (or no endpoint) leaves it unchanged; ``tcp://host:port`` becomes
+    ``tcp://host:(port + rank)``; ``inproc://name`` becomes ``inproc://name_dp{rank}``.
+    Extensions where vLLM raises: ``ipc://path`` gets the same ``_dp{rank}`` suffix, and a
+    wildcard port (``tcp://host:*``) is left as is since the OS picks a fresh port anyway.
+    """
+    if not endpoint or data_parallel_rank == 0:
+        return endpoint
+    if endpoint.startswith(("inproc://", "ipc://")):
+        return f"{endpoint}_dp{data_parallel_rank}"
+    if endpoint.startswith("tcp://"):
+        base, sep, port = endpoint.rpartition(":")
+        if not sep or base == "tcp":
+            raise ValueError(f"tcp endpoint without a port: {endpoint!r}")
+        if port == "*":
+            return endpoint
+        if not port.isdigit():
+            raise ValueError(f"tcp endpoint with a bad port: {endpoint!r}")
+        return f"{base}:{int(port) + data_parallel_rank}"
+    raise ValueError(f"unsupported endpoint {endpoint!r}: expected tcp://, ipc:// or inproc://")

@@ -1,0 +1,358 @@
+"""vLLM-compatible KV event publishers: the ZMQ PUB + replay ROUTER one and a null one.
+
+Wire behaviour follows vLLM 0.33's ``ZmqEventPublisher`` byte for byte (proved by the
+golden frames in ``tests/fixtures/vllm-0.33/frames``):
+
+* PUB frames ``[topic, seq (8-byte big-endian unsigned, from 0 per instance), payload]``;
+* replay: a client (DEALER) sends ``[b"", start_seq]``; the ROUTER answers every buffered
+  batch with ``seq >= start_seq`` as ``[b"", topic, seq, payload]`` and then the end
+  marker ``[b"", b"", -1 (8-byte signed big-endian), b""]``.
+
+Differences from vLLM, all on the caller's side: ``publish`` never blocks (a full queue
+is counted in ``dropped`` instead of waiting), publishing after ``shutdown`` is counted
+as dropped instead of raising, and ``shutdown`` lets ZMQ flush the last frames (linger)
+instead of discarding them.
+
+Threading: the ZMQ sockets are created, used and closed by the publisher thread only;
+callers touch a thread-safe queue, a lock-protected counter and a wake-up socket pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+
+import zmq
+
+from publisher.endpoints import offset_endpoint_port, should_bind
+from schemas import KVEventBatch, encode_batch
+
+log = logging.getLogger(__name__)
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+# Most replay requests one wake-up serves before live publishing gets its turn again.
+_REPLAY_REQUESTS_PER_TURN = 16
+# Most batches sent per turn, so replay requests are not starved by a busy queue.
+_SENDS_PER_TURN = 1024
+# Upper bound on one poll; wake-ups normally come from the socket pair long before.
+_POLL_MS = 500
+
+
+class EventPublisher(ABC):
+    """What an engine needs: ``publish`` a batch, ``shutdown`` at exit, two counters."""
+
+    def __init__(self, data_parallel_rank: int = 0) -> None:
+        self.data_parallel_rank = data_parallel_rank
+        self.published = 0
+        self.dropped = 0
+
+    @abstractmethod
+    def publish(self, batch: KVEventBatch) -> None:
+        """Hand ``batch`` over for publishing; never blocks, never raises for a full queue."""
+
+    @abstractmethod
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """Flush what is queued (within ``timeout`` seconds) and release every resource."""
+
+    def counters(self) -> dict[str, int]:
+        """Counter snapshot for metrics."""
+        return {"published": self.published, "dropped": self.dropped}
+
+
+class NullEventPublisher(EventPublisher):
+    """Publishes nothing: the default when KV cache events are disabled."""
+
+    def publish(self, batch: KVEventBatch) -> None:
+        return
+
+    def shutdown(self, timeout: float = 1.0) -> None:
+        return
+
+
+class ZmqEventPublisher(EventPublisher):
+    """PUB socket with a bounded replay buffer served on an optional ROUTER socket.
+
+    ``endpoint``/``replay_endpoint`` are offset by ``data_parallel_rank`` (see
+    ``publisher.endpoints``); after start-up ``bound_endpoint`` and
+    ``bound_replay_endpoint`` hold the concrete addresses (useful with ``tcp://host:*``).
+    With ``start=False`` nothing is opened until ``start()``; batches published before
+    that wait in the queue (or are dropped when it is full).
+    """
+
+    def __init__(
+        self,
+        endpoint: str = "tcp://*:5557",
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        data_parallel_rank: int = 0,
+        buffer_steps: int = 10_000,
+        hwm: int = 100_000,
+        max_queue_size: int = 100_000,
+        *,
+        context: zmq.Context | None = None,
+        start: bool = True,
+    ) -> None:
+        super().__init__(data_parallel_rank)
+        if buffer_steps < 1 or max_queue_size < 1 or hwm < 0:
+            raise ValueError("buffer_steps and max_queue_size must be >= 1, hwm >= 0")
+        self.endpoint: str = offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
+        self.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
+        self.topic = topic
+        self.hwm = hwm
+        self.bound_endpoint: str | None = None
+        self.bound_replay_endpoint: str | None = None
+        self.replay_requests = 0
+        self.bad_replay_requests = 0
+        self.encode_errors = 0
+
+        self._topic_bytes = topic.encode("utf-8")
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self._queue: queue.Queue[KVEventBatch] = queue.Queue(maxsize=max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._seq = itertools.count()
+        self._drop_lock = threading.Lock()
+        self._closed = False  # publish() stops queueing
+        self._shut_down = False  # shutdown() was called
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._flush_deadline = 0.0
+        # Set by the thread just before it sleeps; publish() wakes it only then.
+        self._idle = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._thread = threading.Thread(
+            target=self._run, name=f"kv-publisher-dp{data_parallel_rank}", daemon=True
+        )
+        if start:
+            self.start()
+
+    # ----------------------------------------------------------------- caller side
+    def start(self, timeout: float = 10.0) -> None:
+        """Open the sockets on the publisher thread; raise what binding/connecting raised."""
+        if self._shut_down:
+            raise RuntimeError("publisher was shut down")
+        if self._thread.is_alive() or self._ready.is_set():
+            return
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("publisher thread did not start")
+        if self._startup_error is not None:
+            self._closed = True
+            self._close_wake()
+            raise self._startup_error
+
+    def publish(self, batch: KVEventBatch) -> None:
+        """Queue ``batch``; a full queue or a closed publisher counts it as dropped.
+
+        As in vLLM, a batch without ``data_parallel_rank`` is stamped with this
+        publisher's rank (the batch object is modified).
+        """
+        if batch.data_parallel_rank is None:
+            batch.data_parallel_rank = self.data_parallel_rank
+        if self._closed:
+            self._count_dropped(1, "publish() after shutdown()")
+            return
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:
+            self._count_dropped(1, "publisher queue full")
+            return
+        if self._idle:
+            self._wake()
+
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """Send what is queued (for at most ``timeout`` s), then close the sockets.
+
+        Batches still queued at the deadline are counted as dropped. Idempotent.
+        """
+        if self._shut_down:
+            return
+        self._shut_down = self._closed = True
+        if self._thread.is_alive():
+            self._flush_deadline = time.monotonic() + timeout
+            self._stopping.set()
+            self._wake()
+            self._thread.join(timeout + 1.0)
+            if self._thread.is_alive():
+                log.warning("KV event publisher thread did not stop within %.1fs", timeout)
+                return
+        # Whatever is still queued (never started, or a publish() racing this call).
+        self._discard_queued("publisher shut down")
+        self._close_wake()
+
+    @property
+    def queued(self) -> int:
+        """Batches waiting for the publisher thread."""
+        return self._queue.qsize()
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "published": self.published,
+            "dropped": self.dropped,
+            "queued": self.queued,
+            "replay_requests": self.replay_requests,
+            "bad_replay_requests": self.bad_replay_requests,
+            "encode_errors": self.encode_errors,
+        }
+
+    def _count_dropped(self, n: int, why: str) -> None:
+        if n <= 0:
+            return
+        with self._drop_lock:
+            first = self.dropped == 0
+            self.dropped += n
+        if first:
+            log.warning("KV event batches dropped (%s); counting in .dropped", why)
+
+    def _discard_queued(self, why: str) -> None:
+        n = 0
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+            n += 1
+        self._count_dropped(n, why)
+
+    def _wake(self) -> None:
+        # A full pipe means a wake-up is already pending; a closed one means shut down.
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def _close_wake(self) -> None:
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # ----------------------------------------------------------- publisher thread
+    def _run(self) -> None:
+        try:
+            pub, replay = self._open_sockets()
+        except BaseException as exc:  # surfaced to start() in the caller's thread
+            self._startup_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(pub, replay)
+        except Exception:  # never let a bug kill the engine; count the rest as dropped
+            log.exception("KV event publisher thread failed")
+            self._closed = True
+        finally:
+            self._finish(pub, replay)
+
+    def _open_sockets(self) -> tuple[zmq.Socket, zmq.Socket | None]:
+        pub = self._ctx.socket(zmq.PUB)
+        replay: zmq.Socket | None = None
+        try:
+            pub.set_hwm(self.hwm)
+            if should_bind(self.endpoint):
+                pub.bind(self.endpoint)
+                self.bound_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                pub.connect(self.endpoint)
+                self.bound_endpoint = self.endpoint
+            if self.replay_endpoint is not None:
+                replay = self._ctx.socket(zmq.ROUTER)
+                # A replay answers up to buffer_steps frames at once; the default HWM
+                # (1000) would silently cut a long replay short.
+                replay.set_hwm(max(self.hwm, (self._buffer.maxlen or 0) + 1))
+                replay.bind(self.replay_endpoint)
+                self.bound_replay_endpoint = replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        except BaseException:
+            pub.close(linger=0)
+            if replay is not None:
+                replay.close(linger=0)
+            raise
+        return pub, replay
+
+    def _loop(self, pub: zmq.Socket, replay: zmq.Socket | None) -> None:
+        poller = zmq.Poller()
+        wake_fd = self._wake_r.fileno()
+        poller.register(wake_fd, zmq.POLLIN)
+        if replay is not None:
+            poller.register(replay, zmq.POLLIN)
+        while not self._stopping.is_set():
+            # Announce the sleep before checking the queue, so a batch queued after the
+            # check always finds _idle set and writes a wake-up byte.
+            self._idle = True
+            timeout = 0 if not self._queue.empty() else _POLL_MS
+            ready = dict(poller.poll(timeout))
+            self._idle = False
+            if wake_fd in ready:
+                self._drain_wake()
+            if replay is not None and replay in ready:
+                self._serve_replay(replay)
+            self._send_queued(pub, _SENDS_PER_TURN, None)
+
+    def _finish(self, pub: zmq.Socket, replay: zmq.Socket | None) -> None:
+        deadline = self._flush_deadline or time.monotonic()
+        if self._stopping.is_set():
+            self._send_queued(pub, None, deadline)
+        self._discard_queued("shutdown deadline reached")
+        # Linger so frames already handed to ZMQ still reach subscribers after close.
+        linger_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        pub.close(linger=linger_ms)
+        if replay is not None:
+            replay.close(linger=0)
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(4096):
+                pass
+
+    def _send_queued(self, pub: zmq.Socket, limit: int | None, deadline: float | None) -> None:
+        sent = 0
+        while limit is None or sent < limit:
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            try:
+                batch = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                payload = encode_batch(batch)
+            except Exception:  # a caller handed us something that is not a batch
+                self.encode_errors += 1
+                self._count_dropped(1, "batch failed to encode")
+                log.exception("KV event batch failed to encode")
+                continue
+            seq = next(self._seq)
+            pub.send_multipart((self._topic_bytes, seq.to_bytes(8, "big"), payload))
+            self._buffer.append((seq, payload))
+            self.published += 1
+            sent += 1
+
+    def _serve_replay(self, replay: zmq.Socket) -> None:
+        for _ in range(_REPLAY_REQUESTS_PER_TURN):
+            try:
+                frames = replay.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 3 or len(frames[2]) != 8:
+                self.bad_replay_requests += 1
+                if self.bad_replay_requests == 1:
+                    log.warning("ignoring malformed replay request (%d frames)", len(frames))
+                continue
+            self.replay_requests += 1
+            identity, start_seq = frames[0], int.from_bytes(frames[2], "big")
+            for seq, payload in self._buffered_from(start_seq):
+                replay.send_multipart(
+                    (identity, b"", self._topic_bytes, seq.to_bytes(8, "big"), payload)
+                )
+            replay.send_multipart((identity, b"", b"", END_SEQ, b""))
+
+    def _buffered_from(self, start_seq: int) -> itertools.islice[tuple[int, bytes]]:
+        """Buffered (seq, payload) with seq >= start_seq; seqs in the buffer are contiguous."""
+        if not self._buffer:
+            return itertools.islice((), 0)
+        skip = max(0, start_seq - self._buffer[0][0])
+        return itertools.islice(self._buffer, skip, None)
