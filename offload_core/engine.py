@@ -20,21 +20,20 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from offload_core.base import (
-    OffloadingEvent,
     OffloadKey,
     ReqContext,
     get_offload_block_hash,
     get_offload_group_idx,
 )
-from offload_core.block_pool import BlockMeta, lora_id_for
 from offload_core.cpu import CPUOffloadingManager
+from offload_core.engine_events import TierEventTranslator
 from offload_core.groups import format_groups, parse_groups
 from offload_core.hashing import HASH_ALGOS, external_hash
-from offload_core.hit_rule import KIND_SLIDING, GroupSpec
+from offload_core.hit_rule import GroupSpec
 from offload_core.kv_cache import KVCacheManager, RequestTooLargeError
 from offload_core.transfer import KVBuffers, TransferWorker
 from publisher.zmq_publisher import EventPublisher, NullEventPublisher
-from schemas import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from schemas import MEDIUM_CPU, MEDIUM_GPU, KVEvent, KVEventBatch
 
 log = logging.getLogger("kvroute.engine")
 
@@ -110,8 +109,7 @@ class SimEngine:
         self.stats = EngineStats()
         self._ctx = ReqContext()
         self._events: list[KVEvent] = []
-        # Parent/tokens of CPU-resident blocks, to announce them like GPU blocks.
-        self._cpu_meta: dict[OffloadKey, BlockMeta | None] = {}
+        self._tier_events = TierEventTranslator(self.groups)
 
     # ------------------------------------------------------------------ serving
     def serve(
@@ -176,7 +174,7 @@ class SimEngine:
         if not self.kv.reset():
             return False
         self._new_cpu_tier()
-        self._cpu_meta.clear()
+        self._tier_events.clear()
         self._events += self.kv.pool.take_events()
         self._publish()
         self.stats.resets += 1
@@ -243,7 +241,7 @@ class SimEngine:
             self._drain_cpu_events()
             return 0
         for key in out.keys_to_store:
-            self._cpu_meta[key] = pool.blocks[by_key[key]].meta
+            self._tier_events.remember(key, pool.blocks[by_key[key]].meta)
         if out.keys_to_store:
             gpu_ids = [by_key[k] for k in out.keys_to_store]
             transfer.store(out.keys_to_store, gpu_ids, out.store_spec, ctx)
@@ -252,71 +250,27 @@ class SimEngine:
         return len(out.keys_to_store)
 
     def _verify_loaded(self, loads: list[tuple[OffloadKey, int]]) -> None:
+        """Check the loaded blocks hold their deterministic values (one compare per group;
+        per block only to count a failure)."""
+        by_group: dict[int, list[tuple[int, bytes]]] = {}
         for key, bid in loads:
-            g = get_offload_group_idx(key)
-            if not self.buffers.matches(g, [bid], [get_offload_block_hash(key)]):
-                self.stats.load_verify_failures += 1
-                if self.stats.load_verify_failures == 1:
-                    log.error("a block loaded back from CPU does not hold its KV values")
+            by_group.setdefault(get_offload_group_idx(key), []).append(
+                (bid, get_offload_block_hash(key))
+            )
+        buf = self.buffers
+        for g, items in by_group.items():
+            if buf.matches(g, [b for b, _ in items], [d for _, d in items]):
+                continue
+            bad = sum(not buf.matches(g, [b], [d]) for b, d in items)
+            if self.stats.load_verify_failures == 0:
+                log.error("%d blocks loaded back from CPU do not hold their KV values", bad)
+            self.stats.load_verify_failures += bad
 
     def _drain_cpu_events(self) -> None:
         if self.cpu is None:
             return
         for ev in self.cpu.take_events():
-            self._events += self._cpu_event(ev)
-
-    def _cpu_event(self, ev: OffloadingEvent) -> list[KVEvent]:
-        """One wire event per run of keys in the same group (stores: per parent chain)."""
-        out: list[KVEvent] = []
-        run: list[OffloadKey] = []
-        for key in ev.keys:
-            if run and not self._continues(run[-1], key, ev.removed):
-                out.append(self._wire_event(run, ev.medium, ev.removed))
-                run = []
-            run.append(key)
-        if run:
-            out.append(self._wire_event(run, ev.medium, ev.removed))
-        if ev.removed:
-            for key in ev.keys:
-                self._cpu_meta.pop(key, None)
-        return out
-
-    def _continues(self, prev: OffloadKey, key: OffloadKey, removed: bool) -> bool:
-        if get_offload_group_idx(prev) != get_offload_group_idx(key):
-            return False
-        if removed:
-            return True
-        meta = self._cpu_meta.get(key)
-        return meta is not None and meta.parent == get_offload_block_hash(prev)
-
-    def _wire_event(self, keys: list[OffloadKey], medium: str, removed: bool) -> KVEvent:
-        group = get_offload_group_idx(keys[0])
-        hashes = [external_hash(get_offload_block_hash(k)) for k in keys]
-        if removed:
-            return BlockRemoved(hashes, medium, group_idx=group)
-        spec = self.groups[group]
-        metas = [self._cpu_meta.get(k) for k in keys]
-        first = metas[0]
-        tokens: list[int] = []
-        for m in metas:
-            tokens += m.token_ids if m is not None else ()
-        extra = [m.extra_keys if m is not None else None for m in metas]
-        lora_name = first.lora_name if first is not None else None
-        return BlockStored(
-            block_hashes=hashes,
-            parent_block_hash=(
-                external_hash(first.parent) if first is not None and first.parent else None
-            ),
-            token_ids=tokens if len(tokens) == spec.block_size * len(keys) else [],
-            block_size=spec.block_size,
-            lora_id=lora_id_for(lora_name),
-            medium=medium,
-            lora_name=lora_name,
-            extra_keys=extra if any(e is not None for e in extra) else None,
-            group_idx=group,
-            kv_cache_spec_kind=spec.kind,
-            kv_cache_spec_sliding_window=spec.sliding_window if spec.kind == KIND_SLIDING else None,
-        )
+            self._events += self._tier_events.translate(ev)
 
     def _publish(self) -> None:
         if not self._events:

@@ -42,9 +42,14 @@ LowerTierLookup = Callable[[OffloadKey], bool]
 
 
 def request_lora(lora_name: str | None) -> tuple[str, str] | None:
-    """The (name, path) pair hashed for a LoRA request. Simulated adapters have no path,
-    so the name stands for both; a router scoring ``lora_name`` must do the same."""
-    return None if lora_name is None else (lora_name, lora_name)
+    """The (name, path) pair hashed for a LoRA request; a router scoring ``lora_name``
+    must use the same. Simulated adapters have no path, so it is ``lora://<name>``.
+
+    Not ``(name, name)``: pickle memoises a repeated *object*, so the digest would depend
+    on whether the two strings are one object or two equal ones -- and a consumer
+    re-hashing from decoded events always has two.
+    """
+    return None if lora_name is None else (lora_name, f"lora://{lora_name}")
 
 
 class RequestTooLargeError(ValueError):

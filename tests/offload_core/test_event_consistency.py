@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from offload_core.engine import EngineConfig, RequestTooLargeError, SimEngine
-from offload_core.hashing import block_hashes, external_hash
+from offload_core.hashing import block_hashes, external_hash, hash_block
 from offload_core.hit_rule import longest_hit
 from offload_core.kv_cache import request_lora
 from publisher.zmq_publisher import EventPublisher, ZmqEventPublisher
@@ -61,6 +61,39 @@ def apply(state: State, batch: KVEventBatch) -> None:
                 state.discard(entry)
 
 
+def _tuples(x: object) -> object:
+    return tuple(_tuples(i) for i in x) if isinstance(x, list | tuple) else x
+
+
+class Rehasher:
+    """Checks that a consumer can re-derive every stored hash from the event's tokens,
+    parent and extra keys (what a router's engine-hash detection relies on)."""
+
+    def __init__(self) -> None:
+        self.digests: dict[int, bytes] = {}
+        self.verified = {"GPU": 0, "CPU": 0}
+
+    def check(self, batch: KVEventBatch) -> None:
+        for ev in batch.events:
+            if not isinstance(ev, BlockStored):
+                continue
+            b = ev.block_size
+            assert len(ev.token_ids) == b * len(ev.block_hashes)
+            if ev.parent_block_hash is None:
+                parent = None
+            elif ev.parent_block_hash in self.digests:
+                parent = self.digests[ev.parent_block_hash]
+            else:
+                continue  # parent announced before a reset we did not see: skip
+            for i, h in enumerate(ev.block_hashes):
+                extra = ev.extra_keys[i] if ev.extra_keys else None
+                tokens = ev.token_ids[i * b : (i + 1) * b]
+                parent = hash_block(parent, tokens, _tuples(extra))  # type: ignore[arg-type]
+                assert external_hash(parent) == h
+                self.digests[h] = parent
+                self.verified[ev.medium or ""] += 1
+
+
 def hit_from_state(engine: SimEngine, state: State, prompt: list[int], salt, lora) -> int:
     """What a router holding only the replayed events predicts (any tier)."""
     cached = []
@@ -102,10 +135,14 @@ def test_replayed_events_match_engine_state_after_every_request(groups: str, pol
     state: State = set()
     seen = 0
 
+    rehasher = Rehasher()
+
     def catch_up() -> None:
         nonlocal seen
         for payload in capture.payloads[seen:]:
-            apply(state, decode_batch(payload))
+            batch = decode_batch(payload)
+            apply(state, batch)
+            rehasher.check(batch)
         seen = len(capture.payloads)
 
     for i, (prompt, salt, lora) in enumerate(workload(sum(map(ord, groups)), 150)):
@@ -126,6 +163,7 @@ def test_replayed_events_match_engine_state_after_every_request(groups: str, pol
     assert s.offloaded_blocks > 0 and s.loaded_blocks > 0 and engine.kv.pool.evictions > 0
     assert s.load_verify_failures == 0
     assert s.resets == 1
+    assert rehasher.verified["GPU"] > 0 and rehasher.verified["CPU"] > 0
     assert any(m == "CPU" for _, m, _ in state) and any(m == "GPU" for _, m, _ in state)
 
 
