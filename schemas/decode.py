@@ -46,8 +46,9 @@ class DecodeStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-# Strict twins of the wire structs: identical fields and tags, but unknown map keys are
-# an error, so a payload carrying them leaves the fast path and gets counted.
+# Strict twins of the wire structs: identical fields and tags, but unknown map keys (and
+# trailing batch elements) are an error, so a payload carrying them leaves the fast path
+# and gets counted.
 class _StrictBlockStored(BlockStored, forbid_unknown_fields=True, tag="BlockStored"):
     pass
 
@@ -60,11 +61,43 @@ class _StrictAllBlocksCleared(AllBlocksCleared, forbid_unknown_fields=True, tag=
     pass
 
 
-class _StrictBatch(EventBatch):
+class _StrictBatch(EventBatch, forbid_unknown_fields=True):
     events: list[_StrictBlockStored | _StrictBlockRemoved | _StrictAllBlocksCleared]
 
 
 _fast_decoder = msgspec.msgpack.Decoder(_StrictBatch)
+
+# The strict twins must not leak: callers compare, match and re-encode public structs
+# (a _StrictBlockStored never equals a BlockStored). The twins add no fields, so their
+# instances share the public layout and can simply be re-labelled in place, which costs
+# a few percent of decode time where rebuilding each struct would cost far more.
+_PUBLIC: dict[type, type[KVCacheEvent]] = {
+    _StrictBlockStored: BlockStored,
+    _StrictBlockRemoved: BlockRemoved,
+    _StrictAllBlocksCleared: AllBlocksCleared,
+}
+
+
+def _relabel(events: list[Any]) -> None:
+    for event in events:
+        event.__class__ = _PUBLIC[event.__class__]
+
+
+def _rebuild(events: list[Any]) -> None:
+    for i, event in enumerate(events):
+        events[i] = _PUBLIC[event.__class__](**msgspec.structs.asdict(event))
+
+
+def _pick_public_converter() -> Any:
+    """Use ``_relabel`` unless this msgspec/Python refuses ``__class__`` assignment."""
+    try:
+        _relabel([_StrictAllBlocksCleared()])
+    except TypeError:  # pragma: no cover - depends on the msgspec build
+        return _rebuild
+    return _relabel
+
+
+_to_public = _pick_public_converter()
 _generic_decoder = msgspec.msgpack.Decoder()
 
 _MAP_TYPES: dict[str, type[KVCacheEvent]] = {
@@ -88,10 +121,10 @@ def decode_batch(payload: bytes, stats: DecodeStats | None = None) -> KVEventBat
     stats.batches += 1
     try:
         fast = _fast_decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
         pass
     else:
-        # The strict subclasses are BlockStored/BlockRemoved/... themselves.
+        _to_public(fast.events)
         return KVEventBatch(fast.ts, fast.events, fast.data_parallel_rank)  # type: ignore[arg-type]
     stats.slow_path_batches += 1
     return _decode_slow(payload, stats)
@@ -155,7 +188,7 @@ def _normalise_event(item: Any, stats: DecodeStats) -> KVCacheEvent | None:
         return None
     try:
         return msgspec.convert(data, cls)
-    except (msgspec.ValidationError, TypeError, ValueError):
+    except (msgspec.ValidationError, TypeError, ValueError, RecursionError):
         stats.malformed_events += 1
         return None
 
