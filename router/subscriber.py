@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import zmq
@@ -33,6 +33,7 @@ from zmq.utils.monitor import parse_monitor_message
 from router.config import RouterSettings, WorkerSpec
 from router.index.base import IndexUnavailable
 from router.replay import ReplayFailed, ReplayFrame, request_replay
+from router.sequencing import SeqTracker, Verdict
 from schemas import DecodeError, DecodeStats, KVEventBatch, decode_batch
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ log = logging.getLogger(__name__)
 
 # Live frames handled per wake-up before yielding to the event loop (API fairness).
 _DRAIN_PER_TURN = 512
-# Undecodable seqs remembered so they are not mistaken for a gap.
-_BAD_SEQS_KEPT = 4096
 
 
 class InvalidEndpoint(ValueError):
@@ -67,14 +66,6 @@ class WorkerCounters:
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass
-class _Seq:
-    """Per DP rank: last applied seq, and last seq seen live (restart detection)."""
-
-    applied: dict[int, int] = field(default_factory=dict)
-    live: dict[int, int] = field(default_factory=dict)
 
 
 def connect_endpoint(sock: zmq.Socket, endpoint: str) -> None:
@@ -108,8 +99,7 @@ class WorkerSubscription:
         self._ctx = ctx
         self._ingestor = ingestor
         self._settings = settings
-        self._seq = _Seq()
-        self._bad_seqs: dict[int, None] = {}
+        self._seq = SeqTracker()
         self._logged_decode_error = False
         self._logged_index_down = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -220,38 +210,35 @@ class WorkerSubscription:
         if batch is None:
             return
         rank = batch.data_parallel_rank or 0
-        applied, live = self._seq.applied.get(rank), self._seq.live.get(rank)
-        self._seq.live[rank] = seq
-        if live is not None and seq <= live:
+        decision = self._seq.observe_live(rank, seq)
+        verdict = decision.verdict
+        if verdict is Verdict.APPLY:
+            await self._apply(seq, batch)
+        elif verdict is Verdict.DUPLICATE:
+            self.counters.duplicates += 1  # already applied from a replay
+        elif verdict is Verdict.RESTART:
             log.warning(
-                "worker %s rank %d: seq went back %d -> %d (publisher restarted); resyncing",
+                "worker %s rank %d: seq went back to %d (publisher restarted); resyncing",
                 self.worker_id,
                 rank,
-                live,
                 seq,
             )
             await self._resync_from(seq, batch)
-            return
-        if applied is not None and seq <= applied:
-            self.counters.duplicates += 1  # already applied from a replay
-            return
-        if applied is None:
-            if seq == 0 or self.spec.replay_endpoint is None:
-                await self._apply(seq, batch)
-            else:  # joined mid-stream: fetch the history still buffered, keep nothing old
+        elif verdict is Verdict.JOIN:
+            if self.spec.replay_endpoint is not None:
+                # Joined mid-stream: fetch the history still buffered, keep nothing old.
                 await self._recover(start=0, clear_on_miss=False, clear_first=False)
-                await self._apply_if_new(seq, batch)
-            return
-        if seq == applied + 1 or self._only_bad_between(applied, seq):
-            await self._apply(seq, batch)
-            return
-        self.counters.gaps += 1
-        log.warning("worker %s rank %d: gap %d..%d", self.worker_id, rank, applied + 1, seq - 1)
-        if self.spec.replay_endpoint is None:
-            await self._clear("gap and no replay endpoint")
+            await self._apply_if_new(seq, batch)
         else:
-            await self._recover(start=applied + 1, clear_on_miss=True, clear_first=False)
-        await self._apply_if_new(seq, batch)
+            self.counters.gaps += 1
+            log.warning(
+                "worker %s rank %d: gap %d..%d", self.worker_id, rank, decision.start, seq - 1
+            )
+            if self.spec.replay_endpoint is None:
+                await self._clear("gap and no replay endpoint")
+            else:
+                await self._recover(start=decision.start, clear_on_miss=True, clear_first=False)
+            await self._apply_if_new(seq, batch)
 
     async def _resync_from(self, seq: int, batch: KVEventBatch) -> None:
         if seq > 0 and self.spec.replay_endpoint is not None:
@@ -270,7 +257,7 @@ class WorkerSubscription:
         cannot fill, so the worker is cleared and rebuilt from the buffer instead.
         """
         assert self.spec.replay_endpoint is not None
-        self.syncing = True
+        self.syncing = not quiet  # a start-up catch-up is not a resync
         try:
             if clear_first:
                 await self._clear("publisher restarted")
@@ -310,14 +297,12 @@ class WorkerSubscription:
             "worker %s: clearing its index entries and rebuilding (%s)", self.worker_id, why
         )
         self.counters.resyncs += 1
-        self._seq.applied.clear()
-        self._bad_seqs.clear()
+        self._seq.forget_applied()
         await self._with_retry(self._ingestor.clear_worker, self.worker_id)
 
     # ------------------------------------------------------------------ apply
     async def _apply_if_new(self, seq: int, batch: KVEventBatch) -> None:
-        applied = self._seq.applied.get(batch.data_parallel_rank or 0)
-        if applied is not None and seq <= applied:
+        if not self._seq.is_new(batch.data_parallel_rank or 0, seq):
             self.counters.duplicates += 1
             return
         await self._apply(seq, batch)
@@ -326,7 +311,7 @@ class WorkerSubscription:
         if await self._with_retry(self._ingestor.apply_batch, self.worker_id, batch):
             self.counters.batches += 1
             self.counters.events += len(batch.events)
-        self._seq.applied[batch.data_parallel_rank or 0] = seq
+        self._seq.mark_applied(batch.data_parallel_rank or 0, seq)
 
     async def _with_retry(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
         """Call ``fn`` until the index takes it; False if it failed for another reason."""
@@ -358,9 +343,7 @@ class WorkerSubscription:
         try:
             return decode_batch(payload, self.decode_stats)
         except DecodeError as exc:
-            self._bad_seqs[seq] = None
-            if len(self._bad_seqs) > _BAD_SEQS_KEPT:
-                del self._bad_seqs[next(iter(self._bad_seqs))]
+            self._seq.mark_bad(seq)
             self._decode_error(f"seq {seq}: {exc}")
             return None
 
@@ -369,13 +352,6 @@ class WorkerSubscription:
         if not self._logged_decode_error:
             self._logged_decode_error = True
             log.warning("worker %s: undecodable frame skipped (%s); counting", self.worker_id, why)
-
-    def _only_bad_between(self, applied: int, seq: int) -> bool:
-        """True when every seq between ``applied`` and ``seq`` was an undecodable frame."""
-        missing = seq - applied - 1
-        if missing > len(self._bad_seqs):
-            return False
-        return all(s in self._bad_seqs for s in range(applied + 1, seq))
 
 
 class SubscriptionManager:

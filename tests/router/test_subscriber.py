@@ -17,6 +17,7 @@ import zmq.asyncio
 from _helpers import FakeEngine, batch, removed, stored, wait_until
 
 from router.config import RouterSettings, WorkerSpec
+from router.sequencing import SeqTracker, Verdict
 from router.service import RouterService
 from router.subscriber import InvalidEndpoint
 
@@ -305,3 +306,45 @@ async def test_api_stays_responsive_while_a_backlog_drains(
     await applied(sub, n - 1)
     task.cancel()
     assert ticks > n // 512  # the event loop ran other tasks while draining
+
+
+# ----------------------------------------------------------------- the pure state machine
+
+
+def verdicts(tracker: SeqTracker, frames: list[tuple[int, int]]) -> list[str]:
+    out = []
+    for rank, seq in frames:
+        d = tracker.observe_live(rank, seq)
+        out.append(d.verdict.value + (f"@{d.start}" if d.verdict in (Verdict.GAP,) else ""))
+        if d.verdict is Verdict.APPLY:
+            tracker.mark_applied(rank, seq)
+    return out
+
+
+def test_tracker_shared_counter_across_ranks():
+    # The golden vLLM capture: one publisher, ranks 0 and 1 share one seq counter.
+    t = SeqTracker()
+    assert verdicts(t, [(0, 0), (0, 1), (1, 2), (0, 3), (0, 4)]) == ["apply"] * 5
+    assert t.shared
+    assert verdicts(t, [(1, 6)]) == ["gap@5"]
+
+
+def test_tracker_per_rank_counters():
+    t = SeqTracker()
+    frames = [(0, 0), (1, 0), (1, 1), (0, 1), (1, 2), (0, 2)]
+    assert verdicts(t, frames) == ["apply"] * 6
+    assert not t.shared
+    assert verdicts(t, [(0, 4)]) == ["gap@3"]
+
+
+def test_tracker_join_restart_duplicates_and_bad_seqs():
+    t = SeqTracker()
+    assert t.observe_live(0, 7).verdict is Verdict.JOIN
+    t.mark_applied(0, 9)  # a catch-up replay applied up to 9
+    assert verdicts(t, [(0, 8), (0, 9), (0, 10)]) == ["duplicate", "duplicate", "apply"]
+    t.mark_bad(11)
+    t.mark_bad(12)
+    assert verdicts(t, [(0, 13)]) == ["apply"]  # only undecodable frames in between
+    assert verdicts(t, [(0, 2)]) == ["restart"]
+    t.forget_applied()
+    assert t.is_new(0, 0)
