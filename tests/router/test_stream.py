@@ -1,0 +1,419 @@
+"""The SSE hub and ``/v1/stream`` over real HTTP (uvicorn on a free port), the router's
+dashboard summary fed by a real ZMQ publisher, and the structured-log set-up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from publisher.zmq_publisher import ZmqEventPublisher
+from router.api import create_app
+from router.api.stream import close_streams_soon
+from router.config import RouterSettings
+from router.logging_setup import configure_logging, event_extra
+from router.stream import StreamHub, TooManyClients, sse_message
+from schemas import BlockRemoved, BlockStored, KVEventBatch
+
+DEADLINE_S = 15.0
+
+
+async def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """uvicorn on a free loopback port in this loop; streams are closed before exit."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_until(lambda: server.started or task.done(), "uvicorn start")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=20) as client:
+            yield client
+    finally:
+        hub = getattr(app.state, "stream_hub", None)
+        if hub is not None:
+            await hub.close()
+        server.should_exit = True
+        await asyncio.wait_for(task, DEADLINE_S)
+        sock.close()
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, int | None, Any]]:
+    """Parse an SSE body into (event, id, JSON data)."""
+    event, msg_id, data = "message", None, []
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                yield event, msg_id, json.loads("\n".join(data))
+            event, msg_id, data = "message", None, []
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                event = value
+            elif name == "id":
+                msg_id = int(value)
+            elif name == "data":
+                data.append(value)
+
+
+async def read_n(client: httpx.AsyncClient, n: int, path: str = "/s") -> list[tuple[int, Any]]:
+    out = []
+    async with client.stream("GET", path) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        async for event, msg_id, data in sse_events(r):
+            assert event == "summary" and msg_id is not None
+            out.append((msg_id, data))
+            if len(out) == n:
+                break
+    return out
+
+
+def tiny_app(hub: StreamHub) -> FastAPI:
+    app = FastAPI()
+    app.state.stream_hub = hub
+
+    @app.get("/s")
+    async def stream() -> StreamingResponse:
+        try:
+            sub = hub.subscribe()
+        except TooManyClients:
+            return StreamingResponse(iter([b"busy"]), status_code=503)
+        return StreamingResponse(hub.stream(sub), media_type="text/event-stream")
+
+    return app
+
+
+class Counting:
+    """A summary function that counts its calls (and can fail the first few)."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.calls = 0
+        self.fail_first = fail_first
+
+    async def __call__(self) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls <= self.fail_first:
+            raise RuntimeError("index unavailable")
+        return {"n": self.calls}
+
+
+# ------------------------------------------------------------------------- the hub
+
+
+def test_sse_message_format():
+    msg = sse_message("summary", {"a": "x\ny"}, 7)
+    assert msg == b'id: 7\nevent: summary\ndata: {"a":"x\\ny"}\n\n'
+
+
+async def test_many_http_clients_share_one_computation_per_tick():
+    fn = Counting()
+    hub = StreamHub(fn, period_s=0.05)
+    async with served(tiny_app(hub)) as client:
+        results = await asyncio.gather(*(read_n(client, 5) for _ in range(8)))
+    seen: dict[int, int] = {}
+    for messages in results:
+        ids = [msg_id for msg_id, _ in messages]
+        assert ids == sorted(ids) and len(set(ids)) == 5
+        for msg_id, data in messages:
+            # Every client that got tick i got the very same computation.
+            assert seen.setdefault(msg_id, data["n"]) == data["n"]
+    assert sum(len(m) for m in results) == 40
+    assert fn.calls == hub.computations
+    # One computation per tick, not per client: far fewer than the 40 messages served.
+    assert hub.computations <= max(seen) + 1 < 40
+
+
+async def test_new_client_gets_the_fresh_summary_without_a_new_computation():
+    fn = Counting()
+    hub = StreamHub(fn, period_s=30.0)  # no periodic tick during the test
+    first = hub.subscribe()
+    got = await asyncio.wait_for(first.queue.get(), DEADLINE_S)  # computed at once
+    second = hub.subscribe()
+    assert second.queue.get_nowait() == got
+    assert fn.calls == 1 and hub.clients == 2
+    await hub.close()
+    assert first.queue.get_nowait() is None and second.queue.get_nowait() is None
+
+
+async def test_fifty_clients_cost_one_computation_per_tick():
+    fn = Counting()
+    hub = StreamHub(fn, period_s=0.01, queue_size=64)
+    subs = [hub.subscribe() for _ in range(50)]
+    await wait_until(lambda: all(s.queue.qsize() >= 5 for s in subs), "5 ticks")
+    received = [[s.queue.get_nowait() for _ in range(s.queue.qsize())] for s in subs]
+    await hub.close()
+    assert all(len(r) >= 5 for r in received)
+    assert fn.calls == hub.computations == hub.ticks
+    assert fn.calls <= max(len(r) for r in received) + 1
+
+
+async def test_slow_client_is_dropped_and_never_buffered_beyond_its_queue():
+    hub = StreamHub(Counting(), period_s=0.01, queue_size=4)
+    slow = hub.subscribe()  # never read
+    fast = hub.subscribe()
+    fast_got: list[bytes] = []
+
+    async def read_fast() -> None:
+        async for message in fast.messages():
+            fast_got.append(message)
+
+    reader = asyncio.create_task(read_fast())
+    await wait_until(lambda: slow.dropped, "slow client dropped")
+    assert slow.queue.qsize() == 1 and slow.queue.get_nowait() is None  # only the end mark
+    assert hub.dropped == 1 and hub.clients == 1
+    n = len(fast_got)
+    await wait_until(lambda: len(fast_got) >= n + 3, "fast client keeps receiving")
+    assert slow.queue.qsize() == 0  # nothing more was queued for the dropped client
+    await hub.close()
+    await asyncio.wait_for(reader, DEADLINE_S)
+
+
+async def test_disconnect_unsubscribes_and_idle_hub_stops_computing():
+    fn = Counting()
+    hub = StreamHub(fn, period_s=0.05)
+    async with served(tiny_app(hub)) as client:
+        await read_n(client, 2)  # leaves the stream (closes the response)
+        await wait_until(lambda: hub.clients == 0, "client unsubscribed")
+        await wait_until(lambda: not hub.running, "ticker stopped")
+        calls = fn.calls
+        # A new client restarts the ticker.
+        assert len(await read_n(client, 1)) == 1
+        assert fn.calls > calls
+
+
+async def test_close_ends_open_streams_promptly():
+    hub = StreamHub(Counting(), period_s=30.0)
+    async with served(tiny_app(hub)) as client:
+        done = asyncio.Event()
+        got: list[int | None] = []
+
+        async def listen() -> None:
+            async with client.stream("GET", "/s") as r:
+                async for _event, msg_id, _data in sse_events(r):
+                    got.append(msg_id)
+            done.set()
+
+        task = asyncio.create_task(listen())
+        await wait_until(lambda: got, "first summary")
+        close_streams_soon(hub)  # what the uvicorn signal hook does
+        await asyncio.wait_for(done.wait(), DEADLINE_S)
+        await task
+        with pytest.raises(TooManyClients):
+            hub.subscribe()
+
+
+async def test_failing_summary_is_logged_once_and_stream_recovers(
+    caplog: pytest.LogCaptureFixture,
+):
+    fn = Counting(fail_first=3)
+    hub = StreamHub(fn, period_s=0.01)
+    sub = hub.subscribe()
+    with caplog.at_level(logging.ERROR, logger="router.stream"):
+        message = await asyncio.wait_for(sub.queue.get(), DEADLINE_S)
+    assert message is not None and b'"n":4' in message
+    assert hub.errors == 3
+    assert len([r for r in caplog.records if "stream summary failed" in r.message]) == 1
+    await hub.close()
+
+
+async def test_max_clients():
+    hub = StreamHub(Counting(), period_s=30.0, max_clients=2)
+    hub.subscribe()
+    hub.subscribe()
+    with pytest.raises(TooManyClients):
+        hub.subscribe()
+    await hub.close()
+
+
+# ------------------------------------------------------------------- router integration
+
+
+def _stored(hashes: list[int], group: int, kind: str, medium: str = "GPU", **kw: Any) -> Any:
+    # Offloaded copies carry no tokens (the router resolves them by engine hash).
+    first = hashes[0]
+    tokens = [] if medium != "GPU" else list(range(first, first + len(hashes) * 4))
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=None,
+        token_ids=tokens,
+        block_size=4,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+        group_idx=group,
+        kv_cache_spec_kind=kind,
+        **kw,
+    )
+
+
+@pytest.fixture
+def publisher() -> Any:
+    pub = ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", topic="kv")
+    yield pub
+    pub.shutdown()
+
+
+@pytest.fixture
+def json_logs() -> Any:
+    buf = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    handler = configure_logging(json=True, level="info", stream=buf)
+    yield buf
+    root.removeHandler(handler)
+    root.setLevel(level)
+
+
+async def test_router_stream_summary_dashboard_and_logs(publisher: Any, json_logs: io.StringIO):
+    app = create_app(settings=RouterSettings(replay_timeout_s=1.0))
+    hub: StreamHub = app.state.stream_hub
+    hub.period_s = 0.1
+    service = app.state.service
+    async with served(app) as client:
+        page = await client.get("/")
+        assert page.status_code == 200 and 'id="blocks-chart"' in page.text
+        js = await client.get("/static/app.js")
+        assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+        assert "EventSource" in js.text
+        assert (await client.get("/static/style.css")).status_code == 200
+        assert (await client.get("/static/nope.js")).status_code == 404
+
+        spec = {
+            "worker_id": "w0",
+            "endpoint": publisher.bound_endpoint,
+            "replay_endpoint": publisher.bound_replay_endpoint,
+        }
+        assert (await client.post("/v1/workers", json=spec)).status_code == 201
+        await wait_until(
+            lambda: service.subscriptions.get("w0").state == "connected", "w0 connected"
+        )
+
+        def publish_all() -> None:
+            # 200 batches: two groups on GPU, offloaded copies on CPU, a removal each.
+            for i in range(200):
+                base = 1000 * (i + 1)
+                events: list[Any] = [
+                    _stored([base, base + 1, base + 2], 0, "full_attention"),
+                    _stored(
+                        [base, base + 1, base + 2],
+                        1,
+                        "sliding_window",
+                        kv_cache_spec_sliding_window=8,
+                    ),
+                ]
+                if i % 2 == 0:
+                    events.append(_stored([base, base + 1], 0, "full_attention", medium="CPU"))
+                events.append(BlockRemoved(block_hashes=[base], medium="GPU", group_idx=1))
+                publisher.publish(KVEventBatch(ts=time.time(), events=events))
+            service.recent_routes.append(
+                {
+                    "ts": time.time(),
+                    "request_id": "req-1",
+                    "worker_id": "w0",
+                    "hit_tokens": 48,
+                    "request_tokens": 64,
+                    "policy": "kv_aware",
+                }
+            )
+
+        final: dict[str, Any] = {}
+        rates: list[float] = []
+        async with client.stream("GET", "/v1/stream") as r:
+            assert r.headers["cache-control"] == "no-cache"
+            async for event, _id, data in sse_events(r):
+                assert event == "summary"
+                if not rates:  # the first summary precedes every block
+                    assert data["workers"][0]["blocks_total"] == 0
+                    publish_all()
+                rates.append(data["totals"]["store_rate"])
+                workers = data["workers"]
+                if workers and workers[0]["last_seq"].get("0") == 199:
+                    final = data
+                    break
+            metrics = (await client.get("/metrics")).text
+        w = final["workers"][0]
+        assert w["worker_id"] == "w0" and w["state"] == "connected"
+        groups = {g["group_idx"]: g for g in w["groups"]}
+        assert groups[0]["kind"] == "full_attention" and groups[0]["block_size"] == 4
+        assert groups[1]["kind"] == "sliding_window" and groups[1]["sliding_window"] == 8
+        assert groups[0]["blocks"] == {"GPU": 600, "CPU": 200}
+        assert groups[1]["blocks"] == {"GPU": 400}
+        assert w["blocks"] == {"GPU": 1000, "CPU": 200} and w["blocks_total"] == 1200
+        assert final["totals"]["blocks"] == {"GPU": 1000, "CPU": 200}
+        assert final["totals"]["groups"] == {"0": {"GPU": 600, "CPU": 200}, "1": {"GPU": 400}}
+        assert w["events"] == 200 * 3 + 100 and w["gaps"] == 0
+        assert final["index"] == {
+            "kind": "memory",
+            "up": True,
+            "entries": 1000,  # one entry per (worker, group, block) on any tiers
+            "bytes": final["index"]["bytes"],
+        }
+        assert final["routes"] == [service.recent_routes[0]]
+        assert max(rates) > 0  # blocks were stored between two ticks
+        assert "kvroute_stream_clients 1.0" in metrics
+        assert "kvroute_stream_summaries_total" in metrics
+
+        await wait_until(lambda: hub.clients == 0, "stream client gone")
+        assert (await client.delete("/v1/workers/w0")).status_code == 204
+
+    # Structured logs: JSON lines for lifecycle events only - not one per batch or block.
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    assert lines and all({"ts", "level", "logger", "msg"} <= set(r) for r in lines)
+    assert any("w0" in r["msg"] and "registered" in r["msg"] for r in lines)
+    assert len(lines) < 30, [r["msg"] for r in lines]
+
+
+def test_text_and_json_log_formats():
+    buf = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    log = logging.getLogger("router.test")
+    try:
+        configure_logging(json=False, level="debug", stream=buf)
+        log.info("worker %s gap", "w1", extra=event_extra("worker_gap", worker="w1", first=3))
+        handler = configure_logging(json=True, level="warning", stream=buf)
+        assert sum(1 for h in root.handlers if h.get_name() == "kvroute") == 1
+        log.info("not shown at warning level")
+        log.warning("worker %s resync", "w1", extra=event_extra("worker_resync", worker="w1"))
+        logging.getLogger("uvicorn.error").warning("uvicorn speaks JSON too")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    text, *json_lines = buf.getvalue().splitlines()
+    assert "worker w1 gap" in text and "event=worker_gap" in text and "first=3" in text
+    records = [json.loads(line) for line in json_lines]
+    assert [r["msg"] for r in records] == ["worker w1 resync", "uvicorn speaks JSON too"]
+    assert records[0]["event"] == "worker_resync" and records[0]["worker"] == "w1"
+    assert records[0]["level"] == "warning" and records[1]["logger"] == "uvicorn.error"
+    with pytest.raises(ValueError):
+        configure_logging(level="loud")
