@@ -22,6 +22,7 @@ which changes no answer but makes a worker's cost proportional to what it holds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from offload_core.hit_rule import (
     GroupSpec,
@@ -40,9 +41,11 @@ from router.index.base import (
     IndexBackend,
     WorkerSnapshot,
 )
-from schemas.rest import GroupScore, ScoreResponse, WorkerScore
+from schemas.rest import ScoreResponse
 
 DEFAULT_TIER_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
+# (hit_tokens, hit_tokens_gpu, per-group (hit, hit_gpu), score) of one membership pattern.
+_Result = tuple[int, int, list[tuple[int, int]], float]
 # bytes.translate table: media bitmask -> GPU-only bitmask.
 _GPU_ONLY = bytes((m & GPU_BIT) for m in range(256))
 
@@ -96,62 +99,57 @@ class Scorer:
             again = [w for w, s in snaps.items() if s is not None and len(s.masks) < len(s.groups)]
             snaps.update(await self.index.fetch(again, keys))
         n = len(token_ids)
-        scores = [self._worker(wid, snaps.get(wid), n) for wid in dict.fromkeys(worker_ids)]
-        scores.sort(key=lambda s: (-s.score, -s.hit_tokens, s.worker_id))
-        return ScoreResponse(request_tokens=n, workers=scores)
+        memo: dict[object, _Result] = {}
+        rows = [self._worker(wid, snaps.get(wid), n, memo) for wid in dict.fromkeys(worker_ids)]
+        rows.sort(key=lambda r: (-r["score"], -r["hit_tokens"], r["worker_id"]))
+        # One validation of plain dicts (pydantic-core, in Rust) beats building models.
+        return ScoreResponse.model_validate({"request_tokens": n, "workers": rows})
 
-    def _worker(self, worker_id: str, snap: WorkerSnapshot | None, n: int) -> WorkerScore:
+    def _worker(
+        self, worker_id: str, snap: WorkerSnapshot | None, n: int, memo: dict[object, _Result]
+    ) -> dict[str, Any]:
+        """One worker's row; workers with identical patterns share one computation."""
+        row: dict[str, Any] = {
+            "worker_id": worker_id,
+            "hit_tokens": 0,
+            "hit_tokens_gpu": 0,
+            "score": 0.0,
+            "learned": False,
+            "groups": [],
+        }
         if snap is None or not snap.groups:
-            return WorkerScore(
-                worker_id=worker_id, hit_tokens=0, hit_tokens_gpu=0, score=0.0, learned=False
-            )
+            return row
         order = sorted(snap.groups)
-        unlearned = [g for g in range(order[-1] + 1) if g not in snap.groups]
-        if unlearned:
+        if len(order) != order[-1] + 1:
             # A group index below a learned one never announced itself: its blocks and
             # kind are unknown, so any hit would be a guess.
-            groups = [
-                _group_score(g, snap.groups.get(g), learned=g not in unlearned)
-                for g in range(order[-1] + 1)
-            ]
-            return WorkerScore(
-                worker_id=worker_id,
-                hit_tokens=0,
-                hit_tokens_gpu=0,
-                score=0.0,
-                learned=False,
-                groups=groups,
-            )
-        metas = [snap.groups[g] for g in order]
+            row["groups"] = [_group_row(g, snap.groups.get(g)) for g in range(order[-1] + 1)]
+            return row
+        metas = tuple(snap.groups[g] for g in order)
+        any_lists = tuple(snap.masks.get(g, b"") for g in order)
+        memo_key = (metas, any_lists)
+        done = memo.get(memo_key)
+        if done is None:
+            done = memo[memo_key] = self._compute(metas, any_lists, n)
+        hit, hit_gpu, per_group, score = done
+        row.update(hit_tokens=hit, hit_tokens_gpu=hit_gpu, score=score, learned=True)
+        row["groups"] = [
+            _group_row(g, m, h, hg) for g, m, (h, hg) in zip(order, metas, per_group, strict=True)
+        ]
+        return row
+
+    def _compute(self, metas: Sequence[GroupMeta], any_lists: Sequence[bytes], n: int) -> _Result:
+        """(hit_tokens, hit_tokens_gpu, per-group (hit, hit_gpu), score) for one pattern."""
         specs = [m.spec() for m in metas]
-        any_lists = [snap.masks.get(g, b"") for g in order]
         step = hit_step(specs)
-        reach = min(len(lst) * m.block_size for lst, m in zip(any_lists, metas, strict=True))
-        limit = min(max_candidate(n, step), (reach // step) * step)
-        hit = longest_hit(limit + 1, specs, any_lists) if limit > 0 else 0
+        hit, own = _tier(specs, any_lists, n, step)
         if all(lst.translate(_GPU_ONLY) == lst for lst in any_lists):
-            gpu_lists = any_lists
-            hit_gpu = hit
+            hit_gpu, own_gpu = hit, own
         else:
             gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
-            hit_gpu = longest_hit(limit + 1, specs, gpu_lists) if limit > 0 else 0
-        groups = []
-        for g, m, spec, la, lg in zip(order, metas, specs, any_lists, gpu_lists, strict=True):
-            own = min(max_candidate(n, step), (len(la) * m.block_size // step) * step)
-            gs = _group_score(g, m, learned=True)
-            gs.hit_tokens = group_max_hit(spec, la, own, step) if own > 0 else 0
-            gs.hit_tokens_gpu = (
-                gs.hit_tokens if lg is la else group_max_hit(spec, lg, own, step) if own > 0 else 0
-            )
-            groups.append(gs)
+            hit_gpu, own_gpu = _tier(specs, gpu_lists, n, step)
         score = max(self._weighted(hit, specs, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
-        return WorkerScore(
-            worker_id=worker_id,
-            hit_tokens=hit,
-            hit_tokens_gpu=hit_gpu,
-            score=round(score, 3),
-            groups=groups,
-        )
+        return hit, hit_gpu, list(zip(own, own_gpu, strict=True)), round(score, 3)
 
     def _weighted(self, p: int, specs: Sequence[GroupSpec], lists: Sequence[bytes]) -> float:
         """``p`` times the mean tier weight of every block the hit needs (see module doc)."""
@@ -176,7 +174,33 @@ class Scorer:
         return p * total / count if count else float(p)
 
 
-def _group_score(g: int, meta: GroupMeta | None, *, learned: bool) -> GroupScore:
+def _tier(
+    specs: Sequence[GroupSpec], lists: Sequence[bytes], n: int, step: int
+) -> tuple[int, list[int]]:
+    """The joint hit and each group's own hit, for one tier.
+
+    Each group's own maximum (``group_max_hit``) bounds the joint answer, so
+    ``longest_hit`` starts its descent there: same answer, a much shorter scan.
+    """
+    top = max_candidate(n, step)
+    own = []
+    for spec, lst in zip(specs, lists, strict=True):
+        limit = min(top, (len(lst) * spec.block_size // step) * step)
+        own.append(group_max_hit(spec, lst, limit, step) if limit > 0 else 0)
+    bound = min(own)
+    if bound <= 0 or bound == max(own):
+        return max(bound, 0), own  # every group accepts ``bound``: it is the answer
+    return longest_hit(bound + 1, specs, lists), own
+
+
+def _group_row(g: int, meta: GroupMeta | None, hit: int = 0, hit_gpu: int = 0) -> dict[str, Any]:
     if meta is None:
-        return GroupScore(group_idx=g, learned=False)
-    return GroupScore(group_idx=g, kind=meta.kind, block_size=meta.block_size, learned=learned)
+        return {"group_idx": g, "learned": False}
+    return {
+        "group_idx": g,
+        "kind": meta.kind,
+        "block_size": meta.block_size,
+        "learned": True,
+        "hit_tokens": hit,
+        "hit_tokens_gpu": hit_gpu,
+    }

@@ -1,0 +1,302 @@
+"""Router core, in process: ingest throughput, score latency, bytes per index entry.
+
+* ingest: block events per second through ``Ingestor.apply_batch`` (batches decoded up
+  front, so this is the index write path alone). Workload: scheduler steps of a hybrid
+  model (full attention + sliding window, 16-token blocks); each step stores 1-32 blocks
+  per group (half of them continuing a live chain) and evicts the oldest blocks once a
+  worker holds ``--capacity`` blocks.
+* score: ``Scorer.score`` latency for 8k-token prompts over 16 and 64 workers with two
+  groups (full:16 + swa:16:4096). "typical": each worker holds a random-depth prefix of a
+  quarter of the prompt pool (old window blocks evicted from the SWA group, a share
+  offloaded to CPU); "all-hit": every worker holds every prompt whole (worst case).
+* bytes per (worker, group, block) entry: memory with tracemalloc (what the index keeps,
+  the engine hashes included), redis from ``INFO memory`` before/after.
+
+Targets (issue 4): >= 500k block events/s memory, >= 150k/s redis, score p99 <= 2 ms at
+64 workers. Run: ``python benchmarks/router_core.py [--json] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from router.index import IndexBackend, make_index
+from router.ingest import Ingestor
+from router.scoring import Scorer
+from schemas import BlockRemoved, BlockStored, KVEventBatch
+
+BS = 16
+SWA_WINDOW = 4096
+GROUPS = ((0, "full_attention", None), (1, "sliding_window", SWA_WINDOW))
+PROMPT_TOKENS = 8192
+
+
+def _store(
+    hashes: list[int], parent: int | None, toks: list[int], g: int, medium: str = "GPU"
+) -> BlockStored:
+    _, kind, window = GROUPS[g]
+    return BlockStored(
+        hashes, parent, toks, BS, None, medium, None,
+        group_idx=g, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
+    )  # fmt: skip
+
+
+def make_stream(
+    n_workers: int, block_events: int, capacity: int, seed: int = 0
+) -> tuple[list[tuple[str, KVEventBatch]], int]:
+    """Batches per worker and the number of block events they carry."""
+    rng = random.Random(seed)
+    pool = [rng.randrange(150_000) for _ in range(1 << 20)]
+    order: list[deque[int]] = [deque() for _ in range(n_workers)]
+    recent: list[deque[int]] = [deque(maxlen=64) for _ in range(n_workers)]
+    alive: list[set[int]] = [set() for _ in range(n_workers)]
+    out: list[tuple[str, KVEventBatch]] = []
+    total = 0
+    while total < block_events:
+        w = rng.randrange(n_workers)
+        events: list[Any] = []
+        for _ in range(rng.randint(1, 4)):
+            k = rng.randint(1, 32)
+            parents = [h for h in recent[w] if h in alive[w]]
+            parent = rng.choice(parents) if parents and rng.random() < 0.5 else None
+            hashes = [rng.getrandbits(64) for _ in range(k)]
+            off = rng.randrange(len(pool) - k * BS)
+            toks = pool[off : off + k * BS]
+            events += [_store(hashes, parent, toks, g) for g in (0, 1)]
+            total += 2 * k
+            order[w].extend(hashes)
+            alive[w].update(hashes)
+            recent[w].append(hashes[-1])
+            while len(order[w]) > capacity:
+                gone = [order[w].popleft() for _ in range(min(32, len(order[w]) - capacity))]
+                alive[w].difference_update(gone)
+                events += [BlockRemoved(gone, "GPU", group_idx=g) for g in (0, 1)]
+                total += 2 * len(gone)
+        out.append((f"w{w}", KVEventBatch(time.time(), events)))
+    return out, total
+
+
+async def bench_ingest(
+    index: IndexBackend, stream: list[tuple[str, KVEventBatch]], total: int
+) -> dict[str, Any]:
+    ing = Ingestor(index)
+    t0 = time.perf_counter()
+    for worker, batch in stream:
+        await ing.apply_batch(worker, batch)
+    dt = time.perf_counter() - t0
+    c = ing.counters
+    assert c.bad_events == 0 and c.unknown_parent == 0, c
+    return {"block_events": total, "seconds": round(dt, 3), "block_events_per_s": round(total / dt)}
+
+
+def memory_bytes_per_entry(n_workers: int, block_events: int, capacity: int) -> dict[str, Any]:
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    index = make_index("memory")
+    stream, total = make_stream(n_workers, block_events, capacity, seed=7)
+    asyncio.run(bench_ingest(index, stream, total))
+    del stream
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    stats = asyncio.run(index.stats())
+    return {"entries": stats["entries"], "bytes_per_entry": round(used / stats["entries"], 1)}
+
+
+async def redis_bytes_per_entry(
+    url: str, n_workers: int, block_events: int, capacity: int
+) -> dict[str, Any]:
+    index = make_index("redis", url)
+    r = index._r  # type: ignore[attr-defined]
+    await r.flushall()
+    before = int((await r.info("memory"))["used_memory"])
+    stream, total = make_stream(n_workers, block_events, capacity, seed=7)
+    await bench_ingest(index, stream, total)
+    after = int((await r.info("memory"))["used_memory"])
+    stats = await index.stats()
+    await index.close()
+    return {
+        "entries": stats["entries"],
+        "bytes_per_entry": round((after - before) / stats["entries"], 1),
+    }
+
+
+async def populate(
+    index: IndexBackend, n_workers: int, scenario: str, seed: int = 1
+) -> list[list[int]]:
+    """Fill the index like a fleet serving a pool of 8k-token prompts; return the pool."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(150_000) for _ in range(1024)]  # a common system prompt
+    prompts = [
+        shared + [rng.randrange(150_000) for _ in range(PROMPT_TOKENS - 1024)] for _ in range(16)
+    ]
+    hashes = [[rng.getrandbits(64) for _ in range(PROMPT_TOKENS // BS)] for _ in prompts]
+    for j in range(1, len(prompts)):  # the shared system prompt hashes alike everywhere
+        hashes[j][: 1024 // BS] = hashes[0][: 1024 // BS]
+    ing = Ingestor(index)
+    window_blocks = SWA_WINDOW // BS
+    for w in range(n_workers):
+        for p, h in zip(prompts, hashes, strict=True):
+            if scenario == "all-hit":
+                depth = len(h)
+            elif rng.random() < 0.25:
+                depth = rng.randint(1, len(h))
+            else:
+                continue
+            events: list[Any] = [_store(h[:depth], None, p[: depth * BS], 0)]
+            events.append(_store(h[:depth], None, p[: depth * BS], 1))
+            old = max(0, depth - window_blocks - 8)
+            if old:
+                events.append(BlockRemoved(h[:old], "GPU", group_idx=1))
+            if scenario == "typical" and rng.random() < 0.3:  # offloaded, then evicted
+                cut = rng.randint(0, depth)
+                events += [_store(h[cut:depth], None, [], g, "CPU") for g in (0, 1)]
+                events += [BlockRemoved(h[cut:depth], "GPU", group_idx=g) for g in (0, 1)]
+            await ing.apply_batch(f"w{w}", KVEventBatch(0.0, events))
+    return prompts
+
+
+async def bench_score(
+    index: IndexBackend, n_workers: int, scenario: str, queries: int
+) -> dict[str, Any]:
+    prompts = await populate(index, n_workers, scenario)
+    scorer = Scorer(index)
+    workers = [f"w{w}" for w in range(n_workers)]
+    rng = random.Random(3)
+    await scorer.score(prompts[0], workers)  # warm: learns the block sizes
+    times = []
+    hits = 0
+    for _ in range(queries):
+        toks = rng.choice(prompts)
+        t0 = time.perf_counter()
+        res = await scorer.score(toks, workers)
+        times.append(time.perf_counter() - t0)
+        hits += sum(1 for w in res.workers if w.hit_tokens)
+    times.sort()
+    return {
+        "workers": n_workers,
+        "scenario": scenario,
+        "p50_ms": round(times[len(times) // 2] * 1e3, 3),
+        "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3, 3),
+        "mean_workers_hit": round(hits / queries, 1),
+    }
+
+
+def start_redis() -> tuple[subprocess.Popen[bytes], str] | None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as c:
+                c.sendall(b"PING\r\n")
+                if c.recv(16).startswith(b"+PONG"):
+                    return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    return None
+
+
+async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]:
+    res: dict[str, Any] = {"ingest": {}, "score": [], "bytes_per_entry": {}}
+    stream, total = make_stream(8, args.block_events, args.capacity)
+    res["ingest"]["memory"] = await bench_ingest(make_index("memory"), stream, total)
+    if redis_url:
+        stream, total = make_stream(8, args.block_events // 2, args.capacity)
+        index = make_index("redis", redis_url)
+        await index._r.flushall()  # type: ignore[attr-defined]
+        res["ingest"]["redis"] = await bench_ingest(index, stream, total)
+        await index.close()
+    kinds = ["memory"] + (["redis"] if redis_url else [])
+    for kind in kinds:
+        for n in (16, 64):
+            for scenario in ("typical", "all-hit"):
+                index = make_index(kind, redis_url)
+                if kind == "redis":
+                    await index._r.flushall()  # type: ignore[attr-defined]
+                out = await bench_score(index, n, scenario, args.queries)
+                res["score"].append({"backend": kind, **out})
+                await index.close()
+    if redis_url:
+        res["bytes_per_entry"]["redis"] = await redis_bytes_per_entry(
+            redis_url, 8, args.block_events // 4, args.capacity
+        )
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--block-events", type=int, default=200_000)
+    ap.add_argument("--capacity", type=int, default=8192, help="blocks per worker and group")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--redis-url", default=None, help="default: start a private redis-server")
+    ap.add_argument("--no-redis", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.block_events, args.queries = 20_000, 30
+    proc = None
+    url = None if args.no_redis else args.redis_url
+    if not args.no_redis and url is None:
+        started = start_redis()
+        if started is None:
+            print("redis-server not available: redis figures skipped", file=sys.stderr)
+        else:
+            proc, url = started
+    try:
+        res = asyncio.run(run(args, url))
+        res["bytes_per_entry"]["memory"] = memory_bytes_per_entry(
+            8, args.block_events // 4, args.capacity
+        )
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    for kind, r in res["ingest"].items():
+        print(
+            f"ingest {kind:<6} {r['block_events_per_s']:>10,} block events/s "
+            f"({r['block_events']:,} in {r['seconds']} s)"
+        )
+    for r in res["score"]:
+        print(
+            f"score  {r['backend']:<6} {r['workers']:>3} workers {r['scenario']:<8} "
+            f"p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  "
+            f"(workers hit: {r['mean_workers_hit']})"
+        )
+    for kind, r in res["bytes_per_entry"].items():
+        print(f"bytes  {kind:<6} {r['bytes_per_entry']} bytes/entry over {r['entries']:,} entries")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
