@@ -146,7 +146,7 @@ class Scorer:
         if all(lst.translate(_GPU_ONLY) == lst for lst in any_lists):
             hit_gpu, own_gpu = hit, own
         else:
-            gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
+            gpu_lists = _truncate(specs, [lst.translate(_GPU_ONLY) for lst in any_lists])
             hit_gpu, own_gpu = _tier(specs, gpu_lists, n, step)
         score = max(self._weighted(hit, specs, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
         return hit, hit_gpu, list(zip(own, own_gpu, strict=True)), round(score, 3)
@@ -172,6 +172,26 @@ class Scorer:
             total += sum(map(weight.__getitem__, needed))
             count += len(needed)
         return p * total / count if count else float(p)
+
+
+def _truncate(specs: Sequence[GroupSpec], lists: list[bytes]) -> list[bytes]:
+    """Cut lists as ``WorkerSnapshot`` documents (exact for the rule, shorter scans):
+    full-attention lists at their first miss, the others after their last hit and at
+    the shortest full-attention prefix."""
+    bound: int | None = None
+    out = list(lists)
+    for i, (spec, lst) in enumerate(zip(specs, lists, strict=True)):
+        if spec.rule == "full":
+            z = lst.find(0)
+            if z >= 0:
+                out[i] = lst[:z]
+            reach = len(out[i]) * spec.block_size
+            bound = reach if bound is None else min(bound, reach)
+    for i, (spec, lst) in enumerate(zip(specs, lists, strict=True)):
+        if spec.rule != "full":
+            cut = lst if bound is None else lst[: bound // spec.block_size]
+            out[i] = cut.rstrip(b"\0")
+    return out
 
 
 def _tier(

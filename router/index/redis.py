@@ -44,6 +44,7 @@ NAMESPACE = "kvroute:"
 WORKERS_KEY = NAMESPACE + "workers"
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
+_OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack limit
 
 
 class _State(msgspec.Struct, array_like=True):
@@ -225,15 +226,19 @@ class RedisIndex(IndexBackend):
             bs = groups[op.group].block_size
             sibs = [g for g, m in groups.items() if g != op.group and m.block_size == bs]
             store = isinstance(op, StoreOp)
-            args += [1 if store else 2, op.group, bs, op.medium_bit, len(sibs), *sibs]
-            args.append(len(op.hashes))
             if isinstance(op, StoreOp):
                 self._remember(worker_id, bs, dict(zip(op.hashes, op.keys, strict=True)))
-                for h, k in zip(op.hashes, op.keys, strict=True):
-                    args.append(encode_hash(h))
-                    args.append(k.to_bytes(8, "big"))
-            else:
-                args += [encode_hash(h) for h in op.hashes]
+            for lo in range(0, len(op.hashes), _OP_CHUNK):  # Lua's unpack() has a limit
+                hashes = [encode_hash(h) for h in op.hashes[lo : lo + _OP_CHUNK]]
+                args += [1 if store else 2, op.group, bs, op.medium_bit, len(sibs), *sibs]
+                width = len(hashes[0])
+                if all(len(h) == width for h in hashes):
+                    args += [len(hashes), width, b"".join(hashes)]
+                else:
+                    args += [len(hashes), 0, *hashes]
+                if isinstance(op, StoreOp):
+                    keys = op.keys[lo : lo + _OP_CHUNK]
+                    args.append(b"".join(k.to_bytes(8, "big") for k in keys))
         got = await self._eval("APPLY", [prefix + "keys"], args)
         return ApplyResult(*(int(x) for x in got))
 

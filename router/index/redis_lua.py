@@ -14,14 +14,22 @@ Layout of one worker ``P = kvroute:{w:<id>}:``:
 from __future__ import annotations
 
 # KEYS[1] = P..'keys'. ARGV[1] = P. Then a flat op list:
-#   1 (store):  group, bs, bit, nsib, sib groups..., n, hash1, key1, ..., hashn, keyn
-#   2 (remove): group, bs, bit, nsib, sib groups..., n, hash1, ..., hashn
+#   1 (store):  group, bs, bit, nsib, sib groups..., n, hw, hashes, keys
+#   2 (remove): group, bs, bit, nsib, sib groups..., n, hw, hashes
 #   3 (clear)
+# ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
+# arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
+# HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
 # Returns {stored, stored_repeat, removed, removed_missing}.
 APPLY = r"""
 local P = ARGV[1]
 local REV = KEYS[1]
 local stored, repeat_, removed, missing = 0, 0, 0, 0
+local function split(blob, w, n)
+  local t = {}
+  for j = 0, n - 1 do t[j + 1] = string.sub(blob, j * w + 1, j * w + w) end
+  return t
+end
 local i = 2
 local nargs = #ARGV
 while i <= nargs do
@@ -37,47 +45,106 @@ while i <= nargs do
     local sibs = {}
     for s = 1, nsib do sibs[s] = P .. 'g:' .. ARGV[i + 4 + s] end
     i = i + 5 + nsib
-    local n = tonumber(ARGV[i])
-    i = i + 1
+    local n, hw = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+    i = i + 2
+    local hs
+    if hw > 0 then
+      hs = split(ARGV[i], hw, n)
+      i = i + 1
+    else
+      hs = {}
+      for j = 1, n do hs[j] = ARGV[i + j - 1] end
+      i = i + n
+    end
     local G, N, E = P .. 'g:' .. g, P .. 'n:' .. g, P .. 'e:' .. bs
     local changed = 0
     if op == '1' then
+      local ks = split(ARGV[i], 8, n)
+      i = i + 1
       redis.call('SADD', REV, G, N, E)
-      for j = 0, n - 1 do
-        local h, k = ARGV[i + 2 * j], ARGV[i + 2 * j + 1]
-        if redis.call('HSETNX', E, h, k) == 0 then k = redis.call('HGET', E, h) end
-        local m = tonumber(redis.call('HGET', G, k) or '0')
-        if bit.band(m, b) == 0 then
-          redis.call('HSET', G, k, m + b)
-          changed = changed + 1
+      local known = redis.call('HMGET', E, unpack(hs))
+      local pending, newmap = {}, {}
+      for j = 1, n do
+        local h = hs[j]
+        if known[j] then
+          ks[j] = known[j]
+        elseif pending[h] then
+          ks[j] = pending[h]
+        else
+          pending[h] = ks[j]
+          newmap[#newmap + 1] = h
+          newmap[#newmap + 1] = ks[j]
         end
       end
-      i = i + 2 * n
+      if #newmap > 0 then redis.call('HSET', E, unpack(newmap)) end
+      local ms = redis.call('HMGET', G, unpack(ks))
+      local cur, upd = {}, {}
+      for j = 1, n do
+        local k = ks[j]
+        local m = cur[k] or tonumber(ms[j] or '0')
+        if bit.band(m, b) == 0 then
+          m = m + b
+          upd[#upd + 1] = k
+          upd[#upd + 1] = m
+          changed = changed + 1
+        end
+        cur[k] = m
+      end
+      if #upd > 0 then redis.call('HSET', G, unpack(upd)) end
       stored = stored + changed
       repeat_ = repeat_ + n - changed
       if changed > 0 then redis.call('HINCRBY', N, b, changed) end
     else
-      for j = 0, n - 1 do
-        local h = ARGV[i + j]
-        local k = redis.call('HGET', E, h)
-        local m = 0
-        if k then m = tonumber(redis.call('HGET', G, k) or '0') end
-        if bit.band(m, b) ~= 0 then
-          changed = changed + 1
-          m = m - b
-          if m > 0 then
-            redis.call('HSET', G, k, m)
-          else
-            redis.call('HDEL', G, k)
-            local held = false
-            for _, S in ipairs(sibs) do
-              if redis.call('HEXISTS', S, k) == 1 then held = true break end
-            end
-            if not held then redis.call('HDEL', E, h) end
+      local ks = redis.call('HMGET', E, unpack(hs))
+      local kl = {}
+      for j = 1, n do if ks[j] then kl[#kl + 1] = ks[j] end end
+      if #kl > 0 then
+        local ms = redis.call('HMGET', G, unpack(kl))
+        local cur, order = {}, {}
+        for j = 1, #kl do
+          if cur[kl[j]] == nil then
+            cur[kl[j]] = tonumber(ms[j] or '0')
+            order[#order + 1] = kl[j]
           end
         end
+        local owner = {}  -- key -> engine hash, for map clean-up
+        for j = 1, n do
+          local k = ks[j]
+          if k then
+            local m = cur[k]
+            if bit.band(m, b) ~= 0 then
+              cur[k] = m - b
+              owner[k] = hs[j]
+              changed = changed + 1
+            end
+          end
+        end
+        local upd, gone = {}, {}
+        for _, k in ipairs(order) do
+          if owner[k] then
+            if cur[k] > 0 then
+              upd[#upd + 1] = k
+              upd[#upd + 1] = cur[k]
+            else
+              gone[#gone + 1] = k
+            end
+          end
+        end
+        if #upd > 0 then redis.call('HSET', G, unpack(upd)) end
+        if #gone > 0 then
+          redis.call('HDEL', G, unpack(gone))
+          local held = {}
+          for _, S in ipairs(sibs) do
+            local there = redis.call('HMGET', S, unpack(gone))
+            for j = 1, #gone do if there[j] then held[gone[j]] = true end end
+          end
+          local drop = {}
+          for _, k in ipairs(gone) do
+            if not held[k] then drop[#drop + 1] = owner[k] end
+          end
+          if #drop > 0 then redis.call('HDEL', E, unpack(drop)) end
+        end
       end
-      i = i + n
       removed = removed + changed
       missing = missing + n - changed
       if changed > 0 then redis.call('HINCRBY', N, b, -changed) end
