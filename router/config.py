@@ -104,7 +104,8 @@ class RouterSettings(BaseSettings):
     default_block_size: int | None = Field(default=None, ge=1)
     workers: Annotated[list[WorkerSpec], NoDecode] = Field(default_factory=list)
     replay_timeout_s: float = Field(default=2.0, gt=0)
-    initial_replay: bool = True
+    # Replay each publisher's buffer whenever its SUB connection is (re)established.
+    replay_on_connect: bool = True
     sub_hwm: int = Field(default=100_000, ge=0)
     ingest_retry_initial_s: float = Field(default=0.05, gt=0)
     ingest_retry_max_s: float = Field(default=2.0, gt=0)

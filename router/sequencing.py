@@ -48,6 +48,10 @@ class SeqTracker:
     applied: dict[int, int] = field(default_factory=dict)  # last applied seq per rank
     live: dict[int, int] = field(default_factory=dict)  # last live seq per rank
     shared: bool = True
+    # The globally newest applied frame (seq, payload fingerprint): after a reconnect it
+    # tells a publisher that carried on from one that restarted (see ``router.subscriber``).
+    top_seq: int | None = None
+    top_print: int = 0
     _last_seq: int | None = None
     _last_rank: int | None = None
     _bad: dict[int, None] = field(default_factory=dict)
@@ -94,8 +98,10 @@ class SeqTracker:
         mine = self.applied.get(rank)
         return mine is None or seq > mine
 
-    def mark_applied(self, rank: int, seq: int) -> None:
+    def mark_applied(self, rank: int, seq: int, fingerprint: int = 0) -> None:
         self.applied[rank] = seq
+        if self.top_seq is None or seq >= self.top_seq:
+            self.top_seq, self.top_print = seq, fingerprint
 
     def mark_bad(self, seq: int) -> None:
         """An undecodable frame consumed ``seq``: not a gap later."""
@@ -107,6 +113,13 @@ class SeqTracker:
         """The worker's entries were cleared: everything that follows is new."""
         self.applied.clear()
         self._bad.clear()
+        self.top_seq, self.top_print = None, 0
+
+    def forget_live(self) -> None:
+        """A new publisher process: its seqs start over on every rank."""
+        self.live.clear()
+        self.shared = True
+        self._last_seq = self._last_rank = None
 
     def _only_bad_between(self, prev: int, seq: int) -> bool:
         if seq - prev - 1 > len(self._bad):

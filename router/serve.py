@@ -97,10 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-request-tokens", type=int, help=f"413 above this ({env}MAX_REQUEST_TOKENS)")
     add("--replay-timeout-s", type=float, help=f"replay reply timeout ({env}REPLAY_TIMEOUT_S)")
     add(
-        "--initial-replay",
+        "--replay-on-connect",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help=f"replay each publisher's buffer on subscribe ({env}INITIAL_REPLAY)",
+        help=f"replay a publisher's buffer on every (re)connect ({env}REPLAY_ON_CONNECT)",
     )
     add("--default-kind", help=f"group kind for engines that send none ({env}DEFAULT_KIND)")
     add(

@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 
 # Live frames handled per wake-up before yielding to the event loop (API fairness).
 _DRAIN_PER_TURN = 512
+# Longest idle wait on the SUB socket before checking for a due catch-up.
+_IDLE_POLL_MS = 250
+# Delay from a TCP connect to the catch-up replay: by then the subscription has reached
+# the publisher, so nothing published after the replay's answer can be missed.
+CATCH_UP_DELAY_S = 0.15
 
 
 class InvalidEndpoint(ValueError):
@@ -101,7 +106,7 @@ class WorkerSubscription:
         self._settings = settings
         self._seq = SeqTracker()
         self._logged_decode_error = False
-        self._logged_index_down = False
+        self._catch_up_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -174,6 +179,8 @@ class WorkerSubscription:
             if event == zmq.EVENT_CONNECTED:
                 self.connected = self.ever_connected = True
                 log.info("worker %s connected (%s)", self.worker_id, self.spec.endpoint)
+                if self.spec.replay_endpoint is not None and self._settings.replay_on_connect:
+                    self._catch_up_at = time.monotonic() + CATCH_UP_DELAY_S
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
                 log.info("worker %s disconnected; ZMQ reconnects", self.worker_id)
@@ -182,17 +189,18 @@ class WorkerSubscription:
 
     # ------------------------------------------------------------------ main loop
     async def _run(self) -> None:
-        if self.spec.replay_endpoint is not None and self._settings.initial_replay:
-            # Learn what the engine announced before we subscribed, as far as its buffer
-            # reaches. A silent/absent publisher just times out; live frames follow.
-            await self._recover(start=0, clear_on_miss=False, clear_first=False, quiet=True)
         while True:
+            due = self._catch_up_at
+            if due is not None and time.monotonic() >= due:
+                self._catch_up_at = None
+                await self._catch_up()
+            wait_ms = _IDLE_POLL_MS if due is None else max(1, int((due - time.monotonic()) * 1e3))
             try:
-                frames = await self._sub.recv_multipart()
+                if not await self._sub.poll(min(wait_ms, _IDLE_POLL_MS)):
+                    continue
             except zmq.ZMQError as exc:  # socket closed under us: stop quietly
                 log.debug("worker %s SUB socket error: %s", self.worker_id, exc)
                 return
-            await self._on_live(frames)
             for _ in range(_DRAIN_PER_TURN):
                 try:
                     frames = self._shadow.recv_multipart(zmq.NOBLOCK)
@@ -200,6 +208,35 @@ class WorkerSubscription:
                     break
                 await self._on_live(frames)
             await asyncio.sleep(0)
+
+    async def _catch_up(self) -> None:
+        """After a (re)connect: fetch what was published while we were not subscribed,
+        and tell a publisher that carried on from one that restarted meanwhile.
+
+        The replay starts at our newest applied seq so its first frame can be compared
+        with what we applied: a publisher that carried on answers that very frame; a
+        restarted one answers nothing, other bytes, or (if it got further) a later seq.
+        """
+        seq = self._seq
+        top, fingerprint = seq.top_seq, seq.top_print
+        if top is None or not seq.shared:  # nothing to compare with: plain catch-up
+            await self._recover(start=0 if top is None else top, quiet=True)
+            return
+        got = await self._fetch_replay(top, quiet=True)
+        if got is None:
+            return
+        same = bool(got) and got[0].seq == top and hash(got[0].payload) == fingerprint
+        if same:
+            await self._apply_replayed(got)
+            return
+        log.warning(
+            "worker %s: the publisher's history no longer matches seq %d (restarted while "
+            "we were away); resyncing",
+            self.worker_id,
+            top,
+        )
+        self._seq.forget_live()
+        await self._recover(start=0, clear_first=True)
 
     async def _on_live(self, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
@@ -213,7 +250,7 @@ class WorkerSubscription:
         decision = self._seq.observe_live(rank, seq)
         verdict = decision.verdict
         if verdict is Verdict.APPLY:
-            await self._apply(seq, batch)
+            await self._apply(seq, batch, frames[2])
         elif verdict is Verdict.DUPLICATE:
             self.counters.duplicates += 1  # already applied from a replay
         elif verdict is Verdict.RESTART:
@@ -223,12 +260,12 @@ class WorkerSubscription:
                 rank,
                 seq,
             )
-            await self._resync_from(seq, batch)
+            await self._resync_from(seq, batch, frames[2])
         elif verdict is Verdict.JOIN:
             if self.spec.replay_endpoint is not None:
                 # Joined mid-stream: fetch the history still buffered, keep nothing old.
-                await self._recover(start=0, clear_on_miss=False, clear_first=False)
-            await self._apply_if_new(seq, batch)
+                await self._recover(start=0)
+            await self._apply_if_new(seq, batch, frames[2])
         else:
             self.counters.gaps += 1
             log.warning(
@@ -237,48 +274,35 @@ class WorkerSubscription:
             if self.spec.replay_endpoint is None:
                 await self._clear("gap and no replay endpoint")
             else:
-                await self._recover(start=decision.start, clear_on_miss=True, clear_first=False)
-            await self._apply_if_new(seq, batch)
+                await self._recover(start=decision.start, clear_on_miss=True)
+            await self._apply_if_new(seq, batch, frames[2])
 
-    async def _resync_from(self, seq: int, batch: KVEventBatch) -> None:
+    async def _resync_from(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
         if seq > 0 and self.spec.replay_endpoint is not None:
-            await self._recover(start=0, clear_on_miss=False, clear_first=True)
+            await self._recover(start=0, clear_first=True)
         else:
             await self._clear("publisher restarted")
-        await self._apply_if_new(seq, batch)
+        await self._apply_if_new(seq, batch, payload)
 
     # ------------------------------------------------------------------ recovery
     async def _recover(
-        self, *, start: int, clear_on_miss: bool, clear_first: bool, quiet: bool = False
+        self,
+        *,
+        start: int,
+        clear_on_miss: bool = False,
+        clear_first: bool = False,
+        quiet: bool = False,
     ) -> None:
         """Replay from ``start`` and apply what it returns exactly once.
 
         ``clear_on_miss``: the replay must begin at ``start`` or the stream has a hole we
         cannot fill, so the worker is cleared and rebuilt from the buffer instead.
         """
-        assert self.spec.replay_endpoint is not None
-        self.syncing = not quiet  # a start-up catch-up is not a resync
+        self.syncing = not quiet  # a catch-up after connecting is not a resync
         try:
             if clear_first:
                 await self._clear("publisher restarted")
-            self.counters.replays += 1
-            try:
-                frames, malformed = await request_replay(
-                    self._ctx,
-                    self.spec.replay_endpoint,
-                    start,
-                    timeout_s=self._settings.replay_timeout_s,
-                )
-            except ReplayFailed as exc:
-                self.counters.replay_failures += 1
-                # At start-up the engine may simply not be up yet: not worth a warning.
-                log.log(
-                    logging.INFO if quiet else logging.WARNING, "worker %s: %s", self.worker_id, exc
-                )
-                frames, malformed = [], 0
-            prefix = self.spec.topic.encode()
-            frames = [f for f in frames if f.topic.startswith(prefix)]
-            self.counters.decode_errors += malformed
+            frames = await self._fetch_replay(start, quiet=quiet) or []
             if clear_on_miss and (not frames or frames[0].seq > start):
                 first = frames[0].seq if frames else None
                 await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
@@ -286,11 +310,33 @@ class WorkerSubscription:
         finally:
             self.syncing = False
 
+    async def _fetch_replay(self, start: int, *, quiet: bool) -> list[ReplayFrame] | None:
+        """The publisher's buffered frames from ``start`` on our topic; None on failure."""
+        assert self.spec.replay_endpoint is not None
+        self.counters.replays += 1
+        try:
+            frames, malformed = await request_replay(
+                self._ctx,
+                self.spec.replay_endpoint,
+                start,
+                timeout_s=self._settings.replay_timeout_s,
+            )
+        except ReplayFailed as exc:
+            self.counters.replay_failures += 1
+            # Right after connecting the ROUTER may simply not be up yet: no warning.
+            log.log(
+                logging.INFO if quiet else logging.WARNING, "worker %s: %s", self.worker_id, exc
+            )
+            return None
+        self.counters.decode_errors += malformed
+        prefix = self.spec.topic.encode()
+        return [f for f in frames if f.topic.startswith(prefix)]
+
     async def _apply_replayed(self, frames: list[ReplayFrame]) -> None:
         for frame in frames:
             batch = self._decode(frame.payload, frame.seq)
             if batch is not None:
-                await self._apply_if_new(frame.seq, batch)
+                await self._apply_if_new(frame.seq, batch, frame.payload)
 
     async def _clear(self, why: str) -> None:
         log.warning(
@@ -301,17 +347,17 @@ class WorkerSubscription:
         await self._with_retry(self._ingestor.clear_worker, self.worker_id)
 
     # ------------------------------------------------------------------ apply
-    async def _apply_if_new(self, seq: int, batch: KVEventBatch) -> None:
+    async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
         if not self._seq.is_new(batch.data_parallel_rank or 0, seq):
             self.counters.duplicates += 1
             return
-        await self._apply(seq, batch)
+        await self._apply(seq, batch, payload)
 
-    async def _apply(self, seq: int, batch: KVEventBatch) -> None:
+    async def _apply(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
         if await self._with_retry(self._ingestor.apply_batch, self.worker_id, batch):
             self.counters.batches += 1
             self.counters.events += len(batch.events)
-        self._seq.mark_applied(batch.data_parallel_rank or 0, seq)
+        self._seq.mark_applied(batch.data_parallel_rank or 0, seq, hash(payload))
 
     async def _with_retry(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
         """Call ``fn`` until the index takes it; False if it failed for another reason."""
