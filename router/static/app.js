@@ -160,13 +160,10 @@ function drawSpark(svg, values) {
 }
 
 // ---------------------------------------------------------------- workers
-function tierCell(blocks) {
-  const span = el("span", { class: "tiers" });
-  TIERS.forEach((tier, i) => {
-    if (i) span.append(el("span", { class: "sep" }, "·"));
-    span.append(el("b", { class: tier, "data-tier": tier }, num(blocks[tier] || 0)));
-  });
-  return span;
+const HASH_MODE = { engine: "engine hashes", canonical: "canonical keys", unknown: "hash mode pending" };
+
+function countCell(value, cls) {
+  return el("td", { class: `n ${value ? cls || "" : "zero"}`, "data-value": String(value) }, num(value));
 }
 
 function groupsText(groups) {
@@ -184,7 +181,7 @@ function renderWorkers(s) {
   const body = $("workers");
   const seen = new Set();
   if (!s.workers.length) {
-    body.replaceChildren(el("tr", { class: "empty" }, el("td", { colspan: "9" }, "no workers registered (POST /v1/workers)")));
+    body.replaceChildren(el("tr", { class: "empty" }, el("td", { colspan: "11" }, "no workers registered (POST /v1/workers)")));
   } else {
     body.querySelector("tr.empty")?.remove();
   }
@@ -202,19 +199,25 @@ function renderWorkers(s) {
     spark.setAttribute("preserveAspectRatio", "none");
     drawSpark(spark, state.workerHistory.get(w.worker_id) || []);
     const errors = w.decode_errors + w.replay_failures;
-    const issues = w.gaps + w.replays + w.resyncs;
     row.dataset.state = w.state;
     row.dataset.blocks = String(w.blocks_total);
+    const errorCell = countCell(errors, "err");
+    errorCell.title = `${w.decode_errors} undecodable frames, ${w.replay_failures} failed replays`;
     row.replaceChildren(
-      el("td", { class: "id" }, w.worker_id, el("small", {}, `${w.endpoint} · hash ${w.hash_mode}`)),
+      el("td", { class: "id", title: `${w.endpoint} · ${HASH_MODE[w.hash_mode] || w.hash_mode}` },
+        w.worker_id, el("small", {}, `${w.endpoint} · ${HASH_MODE[w.hash_mode] || w.hash_mode}`)),
       el("td", {}, el("span", { class: `state state-${w.state}` }, w.state)),
-      el("td", { class: "blocks", "data-value": String(w.blocks_total) }, tierCell(w.blocks)),
+      countCell(w.blocks.GPU || 0, "GPU"),
+      countCell(w.blocks.CPU || 0, "CPU"),
+      countCell(w.blocks.STORAGE || 0, "STORAGE"),
       el("td", { class: "groups" }, groupsText(w.groups)),
-      el("td", { class: "rate", "data-value": String(w.event_rate) }, rate(w.event_rate)),
+      el("td", { class: "n rate", "data-value": String(w.event_rate) }, rate(w.event_rate)),
       el("td", { class: "spark-cell" }, spark),
-      el("td", { class: "seq" }, seq),
-      el("td", { class: issues ? "nonzero" : "" }, `${w.gaps} · ${w.replays} · ${w.resyncs}`),
-      el("td", { class: errors ? "err" : "" }, errors ? `${w.decode_errors} decode, ${w.replay_failures} replay` : "0"),
+      el("td", { class: "n seq" }, seq),
+      el("td", { class: `n ${w.gaps || w.resyncs ? "nonzero" : ""}`, "data-gaps": String(w.gaps),
+                 "data-replays": String(w.replays), "data-resyncs": String(w.resyncs) },
+        `${num(w.gaps)} · ${num(w.replays)} · ${num(w.resyncs)}`),
+      errorCell,
     );
     noteIncidents(w, s.ts);
   }
@@ -259,11 +262,16 @@ function addIncident(ts, text, cls) {
 }
 
 // ---------------------------------------------------------------- chart
-function niceMax(v) {
-  if (v <= 0) return 4;
-  const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 1.25, 2, 2.5, 4, 5, 10]) if (m * p >= v) return m * p;
-  return 10 * p;
+// A y axis of whole, round steps: 1, 2, 5 (or 2.5 from 10 up) times a power of ten.
+function niceScale(max) {
+  const raw = Math.max(1, max / 4);
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  let step = 10 * p;
+  for (const m of [1, 2, 2.5, 5]) {
+    if (m * p >= raw && (m !== 2.5 || p >= 10)) { step = m * p; break; }
+  }
+  const ticks = Math.max(1, Math.ceil(max / step));
+  return { step, ticks, max: step * ticks };
 }
 
 function svg(tag, attrs) {
@@ -281,22 +289,26 @@ function renderChart() {
   const m = { l: 58, r: 14, t: 10, b: 22 };
   const pw = width - m.l - m.r, ph = height - m.t - m.b;
   const now = state.history.length ? state.history[state.history.length - 1].t : Date.now() / 1000;
-  const t0 = now - state.rangeS;
+  // Until the history fills the range, stretch what there is (at least 10 s wide).
+  const first = state.history.length ? state.history[0].t : now;
+  const span = Math.min(state.rangeS, Math.max(10, now - first));
+  const t0 = now - span;
   const points = state.history.filter((h) => h.t >= t0 - 1);
   let max = 0;
   for (const h of points) for (const v of Object.values(h.series)) max = Math.max(max, v);
-  const yMax = niceMax(max);
-  const x = (t) => m.l + ((t - t0) / state.rangeS) * pw;
+  const scale = niceScale(max);
+  const yMax = scale.max;
+  const x = (t) => m.l + ((t - t0) / span) * pw;
   const y = (v) => m.t + ph - (v / yMax) * ph;
 
-  for (let i = 0; i <= 4; i++) {
-    const v = (yMax / 4) * i;
+  for (let i = 0; i <= scale.ticks; i++) {
+    const v = scale.step * i;
     chart.append(svg("line", { class: "grid-line", x1: m.l, x2: width - m.r, y1: y(v), y2: y(v) }));
     const label = svg("text", { class: "axis-label", x: m.l - 8, y: y(v) + 4, "text-anchor": "end" });
     label.textContent = num(v);
     chart.append(label);
   }
-  const step = state.rangeS <= 60 ? 15 : state.rangeS <= 300 ? 60 : 180;
+  const step = span <= 20 ? 5 : span <= 60 ? 15 : span <= 300 ? 60 : 180;
   for (let t = Math.ceil(t0 / step) * step; t <= now; t += step) {
     const label = svg("text", { class: "axis-label", x: x(t), y: height - 6, "text-anchor": "middle" });
     label.textContent = clock(t);
@@ -330,7 +342,7 @@ function renderRoutes(s) {
   const body = $("routes");
   if (!s.routes.length) return;
   const newest = body.firstElementChild?.dataset.key;
-  const rows = s.routes.slice(0, 14).map((r, i) => {
+  const rows = s.routes.slice(0, 10).map((r, i) => {
     const key = `${r.ts}/${r.request_id}`;
     const pct = r.request_tokens ? Math.min(100, (100 * r.hit_tokens) / r.request_tokens) : 0;
     const row = el(
