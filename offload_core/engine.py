@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -328,6 +329,6 @@ def main(argv: list[str]) -> int:
     try:
         parse_groups(config.groups)
     except ValueError as exc:
-        print(f"kvroute engine: {exc}")
+        print(f"kvroute engine: {exc}", file=sys.stderr)
         return 2
     return run_server(config, args.host, args.port, args.publish, args.replay or None, topic)

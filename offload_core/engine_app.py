@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import zmq
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -141,7 +142,11 @@ def run_server(
     """Run ``kvroute engine`` until interrupted."""
     import uvicorn
 
-    publisher = make_publisher(publish, replay, topic)
+    try:
+        publisher = make_publisher(publish, replay, topic)
+    except (zmq.ZMQError, ValueError) as exc:
+        log.error("worker %s: cannot open %s / %s: %s", config.worker_id, publish, replay, exc)
+        return 1
     engine = SimEngine(config, publisher)
     endpoints = getattr(publisher, "bound_endpoint", None)
     log.info(
