@@ -11,7 +11,7 @@ prefill work::
     affinity_w = max(score_w, predicted_w)        # tier-weighted cached tokens
     affinity_w = hot-prefix discount(affinity_w)  # see ``discount_hot``
     cost_w = prefill * (request_tokens - affinity_w)
-           + queued_prefill * inflight_prefill_w  # uncached tokens still owed
+           + backlog * prefill_backlog_w          # uncached tokens not prefilled yet
            + decode * inflight_w                  # decode slots, in token equivalents
 
 plus a balance guard: a worker whose load exceeds the fleet's mean by more than
@@ -31,11 +31,16 @@ DEFAULT_POLICY = "kv_aware"
 
 @dataclass(frozen=True, slots=True)
 class PolicyWeights:
-    """Weights of the ``kv_aware`` cost (token units). Defaults tuned on the Mooncake trace
-    with ``kvroute bench routing`` (see docs/readme/routing.md)."""
+    """Weights of the ``kv_aware`` cost, in prompt-token units.
+
+    Defaults were tuned with ``kvroute bench routing`` on the Mooncake conversation trace
+    (8 workers, 1024 blocks of 512 tokens each; docs/readme/routing.md): a backlog token
+    weighs a quarter of a token this request must prefill, because prefill work saved
+    is saved for good while queueing behind a backlog is brief.
+    """
 
     prefill: float = 1.0
-    queued_prefill: float = 1.0
+    backlog: float = 0.25
     decode: float = 256.0
     # Hits on a prefix that at least ``hot_fraction`` of recent requests share count
     # ``hot_discount`` times: every worker will hold such a prefix soon, so it should not
@@ -43,9 +48,10 @@ class PolicyWeights:
     hot_fraction: float = 0.5
     hot_discount: float = 0.0
     # A worker whose load is above ``(1 + balance_slack) * mean + balance_floor`` loses
-    # its affinity: balance wins over cache reuse there.
-    balance_slack: float = 0.25
-    balance_floor: float = 2048.0
+    # its affinity: balance wins over cache reuse there. Loose by default (a safety net
+    # against runaway hot spots; it never fires on the Mooncake trace).
+    balance_slack: float = 0.5
+    balance_floor: float = 65_536.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -60,7 +66,7 @@ class WorkerView:
     score: float = 0.0
     predicted_tokens: int = 0
     inflight: int = 0
-    inflight_prefill: float = 0.0
+    prefill_backlog: float = 0.0
     inflight_decode: float = 0.0
 
 
@@ -79,7 +85,7 @@ class Choice:
 
 def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
     """Outstanding work on a worker, in prompt-token equivalents."""
-    return weights.queued_prefill * view.inflight_prefill + weights.decode * view.inflight
+    return weights.backlog * view.prefill_backlog + weights.decode * view.inflight
 
 
 def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:

@@ -44,18 +44,32 @@ class Inflight:
 
 @dataclass(slots=True)
 class WorkerLoad:
+    """A worker's load as the router sees it. ``prefill_backlog`` is the uncached prompt
+    tokens dispatched to it that it has not prefilled yet (a fluid estimate)."""
+
     requests: int = 0
-    prefill_tokens: float = 0.0
+    prefill_backlog: float = 0.0
     decode_tokens: float = 0.0
+    updated: float = 0.0
 
 
 class InflightTable:
-    """In-flight requests per worker, with a TTL so lost finishes cannot leak load."""
+    """In-flight requests per worker, with a TTL so lost finishes cannot leak load.
 
-    def __init__(self, ttl: float = 120.0) -> None:
+    Prefill backlog: each dispatch adds its uncached tokens; with ``prefill_tps > 0`` the
+    backlog drains at that rate (the router's estimate of a worker's prefill speed), so a
+    request that is long past its prefill -- decoding -- stops counting as prefill work
+    without the engine telling the router. With ``prefill_tps == 0`` it drains only when
+    requests finish. The backlog is zero whenever nothing is in flight.
+    """
+
+    def __init__(self, ttl: float = 120.0, prefill_tps: float = 0.0) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
+        if prefill_tps < 0:
+            raise ValueError("prefill_tps must be >= 0")
         self.ttl = ttl
+        self.prefill_tps = prefill_tps
         self.expired = 0
         self._items: dict[str, Inflight] = {}
         self._loads: dict[str, WorkerLoad] = {}
@@ -66,6 +80,12 @@ class InflightTable:
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._items
+
+    def _drain(self, load: WorkerLoad, now: float) -> None:
+        if self.prefill_tps > 0 and now > load.updated:
+            done = (now - load.updated) * self.prefill_tps
+            load.prefill_backlog = max(0.0, load.prefill_backlog - done)
+            load.updated = now
 
     def add(
         self,
@@ -79,9 +99,12 @@ class InflightTable:
             raise DuplicateRequestError(request_id)
         item = Inflight(request_id, worker_id, now + self.ttl, prefill_tokens, decode_tokens)
         self._items[request_id] = item
-        load = self._loads.setdefault(worker_id, WorkerLoad())
+        load = self._loads.get(worker_id)
+        if load is None:
+            load = self._loads[worker_id] = WorkerLoad(updated=now)
+        self._drain(load, now)
         load.requests += 1
-        load.prefill_tokens += prefill_tokens
+        load.prefill_backlog += prefill_tokens
         load.decode_tokens += decode_tokens
         heapq.heappush(self._deadlines, (item.deadline, request_id))
         return item
@@ -95,9 +118,10 @@ class InflightTable:
         load.requests -= 1
         if load.requests == 0:
             del self._loads[item.worker_id]  # also resets float drift
-        else:
-            load.prefill_tokens -= item.prefill_tokens
-            load.decode_tokens -= item.decode_tokens
+            return item
+        load.decode_tokens -= item.decode_tokens
+        if self.prefill_tps == 0:
+            load.prefill_backlog -= item.prefill_tokens
         return item
 
     def expire(self, now: float) -> int:
@@ -112,8 +136,14 @@ class InflightTable:
         self.expired += n
         return n
 
-    def load(self, worker_id: str) -> WorkerLoad:
-        return self._loads.get(worker_id) or WorkerLoad()
+    def load(self, worker_id: str, now: float | None = None) -> WorkerLoad:
+        """A snapshot of the worker's load (backlog drained up to ``now`` when given)."""
+        load = self._loads.get(worker_id)
+        if load is None:
+            return WorkerLoad()
+        if now is not None:
+            self._drain(load, now)
+        return WorkerLoad(load.requests, load.prefill_backlog, load.decode_tokens, load.updated)
 
     def requests_by_worker(self) -> dict[str, int]:
         return {w: load.requests for w, load in self._loads.items()}
@@ -142,7 +172,7 @@ class PrefixMemory:
         self.hot_min_requests = hot_min_requests
         self.hot_max_blocks = hot_max_blocks
         self._predicted: dict[int, tuple[str, float]] = {}
-        self._expiry: deque[tuple[float, int]] = deque()
+        self._expiry: deque[tuple[float, list[int]]] = deque()
         self._window: deque[list[int]] = deque(maxlen=max(1, hot_window))
         self._counts: Counter[int] = Counter()
 
@@ -167,16 +197,19 @@ class PrefixMemory:
 
     def remember(self, keys: Sequence[int], worker_id: str, now: float) -> None:
         expires = now + self.predict_ttl
-        for key in keys:
-            self._predicted[key] = (worker_id, expires)
-            self._expiry.append((expires, key))
+        entry = (worker_id, expires)
+        self._predicted.update(dict.fromkeys(keys, entry))
+        # One expiry record per request, not per key: expiry cost stays per request.
+        self._expiry.append((expires, list(keys)))
 
     def expire(self, now: float) -> None:
         while self._expiry and self._expiry[0][0] <= now:
-            expires, key = self._expiry.popleft()
-            entry = self._predicted.get(key)
-            if entry is not None and entry[1] == expires:
-                del self._predicted[key]
+            expires, keys = self._expiry.popleft()
+            predicted = self._predicted
+            for key in keys:
+                entry = predicted.get(key)
+                if entry is not None and entry[1] == expires:
+                    del predicted[key]
 
     @property
     def predicted_entries(self) -> int:
@@ -226,6 +259,8 @@ class RoutingConfig:
     weights: PolicyWeights = field(default_factory=PolicyWeights)
     default_policy: str = DEFAULT_POLICY
     inflight_ttl_s: float = 120.0
+    # The router's estimate of one worker's prefill speed (tokens/s); 0 = no draining.
+    prefill_tps: float = 16_000.0
     predict_ttl_s: float = 3.0
     prefix_block_tokens: int = 64
     hot_window: int = 256
@@ -260,7 +295,7 @@ class RoutingCore:
         make_policy(self.config.default_policy)  # validate early
         self.clock = clock
         self.rng = random.Random(self.config.seed)
-        self.inflight = InflightTable(self.config.inflight_ttl_s)
+        self.inflight = InflightTable(self.config.inflight_ttl_s, self.config.prefill_tps)
         self.memory = PrefixMemory(
             self.config.prefix_block_tokens,
             self.config.predict_ttl_s,
@@ -311,7 +346,7 @@ class RoutingCore:
         cap = max(n - 1, 0)
         views = []
         for s in scores:
-            load = self.inflight.load(s.worker_id)
+            load = self.inflight.load(s.worker_id, now)
             views.append(
                 WorkerView(
                     worker_id=s.worker_id,
@@ -320,7 +355,7 @@ class RoutingCore:
                     score=float(s.score),
                     predicted_tokens=min(predicted.get(s.worker_id, 0), cap),
                     inflight=load.requests,
-                    inflight_prefill=load.prefill_tokens,
+                    prefill_backlog=load.prefill_backlog,
                     inflight_decode=load.decode_tokens,
                 )
             )

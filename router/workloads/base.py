@@ -33,7 +33,7 @@ class Request:
 
     request_id: str
     arrival: float
-    token_ids: list[int]
+    token_ids: Sequence[int]
     output_tokens: int
     session_id: str = ""
     kind: str = "trace"

@@ -23,6 +23,7 @@ from router.routing_state import (
     PrefixMemory,
     RoutingConfig,
     RoutingCore,
+    WorkerLoad,
 )
 
 W = PolicyWeights()
@@ -80,15 +81,15 @@ def test_round_robin_cycles_in_id_order_and_survives_fleet_changes() -> None:
 
 def test_least_loaded_ignores_hits() -> None:
     views = [
-        WorkerView("busy", hit_tokens=900, score=900.0, inflight=3, inflight_prefill=3000),
-        WorkerView("idle", inflight=1, inflight_prefill=100),
+        WorkerView("busy", hit_tokens=900, score=900.0, inflight=3, prefill_backlog=3000),
+        WorkerView("idle", inflight=1, prefill_backlog=100),
     ]
     assert choose("least_loaded", views) == "idle"
 
 
 def test_longest_prefix_ignores_load() -> None:
     views = [
-        WorkerView("busy", hit_tokens=900, score=900.0, inflight=50, inflight_prefill=1e6),
+        WorkerView("busy", hit_tokens=900, score=900.0, inflight=50, prefill_backlog=1e6),
         WorkerView("idle", hit_tokens=100, score=100.0),
     ]
     assert choose("longest_prefix", views) == "busy"
@@ -99,7 +100,7 @@ def test_kv_aware_trades_affinity_against_load() -> None:
     cold = WorkerView("cold")
     assert choose("kv_aware", [cached, cold]) == "cached"
     # The cached worker is busy enough that re-prefilling elsewhere is cheaper.
-    busy = WorkerView("cached", hit_tokens=800, score=800.0, inflight=1, inflight_prefill=900)
+    busy = WorkerView("cached", hit_tokens=800, score=800.0, inflight=1, prefill_backlog=4000)
     assert choose("kv_aware", [busy, cold]) == "cold"
     # Tier weighting: CPU-resident hits (score < hit_tokens) are worth less than GPU hits.
     gpu = WorkerView("gpu", hit_tokens=500, hit_tokens_gpu=500, score=500.0)
@@ -108,14 +109,14 @@ def test_kv_aware_trades_affinity_against_load() -> None:
 
 
 def test_balance_guard_drops_affinity_of_overloaded_worker() -> None:
-    weights = PolicyWeights(queued_prefill=0.0, decode=10.0, balance_slack=0.5, balance_floor=0.0)
+    weights = PolicyWeights(backlog=0.0, decode=10.0, balance_slack=0.5, balance_floor=0.0)
     hot = WorkerView("hot", hit_tokens=900, score=900.0, inflight=10)
     others = [WorkerView(f"w{i}", inflight=1) for i in range(3)]
     policy = make_policy("kv_aware")
     # Mean load (10*10 + 3*10)/4 = 32.5; hot's 100 > 1.5 * mean: its hit no longer counts.
     choice = policy.choose(RouteInput(1000), [hot, *others], weights, random.Random(0))
     assert choice.index != 0
-    relaxed = PolicyWeights(queued_prefill=0.0, decode=10.0, balance_slack=5.0)
+    relaxed = PolicyWeights(backlog=0.0, decode=10.0, balance_slack=5.0)
     choice = policy.choose(RouteInput(1000), [hot, *others], relaxed, random.Random(0))
     assert choice.index == 0
 
@@ -144,14 +145,34 @@ def test_inflight_table_accounting_and_ttl() -> None:
     with pytest.raises(DuplicateRequestError):
         table.add("a", "w2", now=1.0)
     load = table.load("w1")
-    assert (load.requests, load.prefill_tokens, load.decode_tokens) == (2, 150, 10)
+    assert (load.requests, load.prefill_backlog, load.decode_tokens) == (2, 150, 10)
     assert table.expire(9.99) == 0 and len(table) == 2
     assert table.expire(10.0) == 1 and "a" not in table
     assert table.finish("a") is None  # expired: unknown now
-    assert table.load("w1").requests == 1 and table.load("w1").prefill_tokens == 50
+    assert table.load("w1").requests == 1 and table.load("w1").prefill_backlog == 50
     assert table.finish("b") is not None
     assert table.load("w1").requests == 0 and table.expired == 1
     assert table.expire(100.0) == 0  # a finished request never expires later
+
+
+def test_inflight_backlog_drains_at_the_prefill_rate() -> None:
+    table = InflightTable(ttl=100.0, prefill_tps=10.0)
+    table.add("a", "w", now=0.0, prefill_tokens=100)
+    assert table.load("w", now=5.0).prefill_backlog == 50
+    table.add("b", "w", now=5.0, prefill_tokens=30)
+    assert table.load("w", now=6.0).prefill_backlog == 70
+    assert table.load("w", now=60.0).prefill_backlog == 0  # prefilled; now decoding
+    assert table.load("w").requests == 2
+    table.finish("a")
+    table.finish("b")
+    assert table.load("w") == WorkerLoad()
+    # Without a rate the backlog is exactly the unfinished requests' uncached tokens.
+    exact = InflightTable(ttl=100.0)
+    exact.add("a", "w", now=0.0, prefill_tokens=100)
+    exact.add("b", "w", now=1.0, prefill_tokens=30)
+    assert exact.load("w", now=50.0).prefill_backlog == 130
+    exact.finish("a")
+    assert exact.load("w", now=50.0).prefill_backlog == 30
 
 
 def test_prefix_memory_keys() -> None:
@@ -168,7 +189,7 @@ def test_routing_core_counts_and_finishes() -> None:
     core = RoutingCore(RoutingConfig(seed=1, inflight_ttl_s=30.0), clock=lambda: clock[0])
     d = core.route("r1", list(range(100)), hits(a=64, b=0))
     assert d.worker_id == "a" and d.hit_tokens == 64 and d.policy == "kv_aware"
-    assert core.inflight.load("a").prefill_tokens == 36
+    assert core.inflight.load("a").prefill_backlog == 36
     with pytest.raises(DuplicateRequestError):
         core.route("r1", list(range(100)), hits(a=64, b=0))
     assert core.finish("r1") is True and core.finish("r1") is False
@@ -202,7 +223,7 @@ def _sys_requests(n: int, sys_len: int = 512, tail: int = 512) -> list[list[int]
 
 def test_hot_prefix_guard_spreads_a_shared_system_prompt() -> None:
     # No load term: only the cache term decides. Worker "a" alone holds the system prompt.
-    base = dict(queued_prefill=0.0, decode=0.0, balance_slack=1e9)
+    base = dict(backlog=0.0, decode=0.0, balance_slack=1e9)
     workers = ["a", "b", "c", "d"]
 
     def run(discount: float) -> Counter[str]:
@@ -229,8 +250,11 @@ def test_hot_prefix_guard_spreads_a_shared_system_prompt() -> None:
 
 def test_predicted_entries_group_a_burst_then_expire() -> None:
     clock = [0.0]
-    weights = PolicyWeights(queued_prefill=0.25, decode=0.0, balance_slack=1e9)
-    cfg = RoutingConfig(weights=weights, predict_ttl_s=2.0, prefix_block_tokens=16, seed=5)
+    weights = PolicyWeights(backlog=0.25, decode=0.0, balance_slack=1e9)
+    # prefill_tps=0: the siblings' backlog stays on their worker (no draining).
+    cfg = RoutingConfig(
+        weights=weights, predict_ttl_s=2.0, prefix_block_tokens=16, prefill_tps=0.0, seed=5
+    )
     core = RoutingCore(cfg, clock=lambda: clock[0])
     doc = list(range(5000, 7048))  # a new 2048-token document nobody has cached
     workers = hits(a=0, b=0, c=0, d=0)

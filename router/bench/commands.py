@@ -1,0 +1,261 @@
+"""``kvroute bench routing`` and ``kvroute bench hma``: argument parsing and output."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+from collections.abc import Iterable, Sequence, Sized
+from pathlib import Path
+from typing import Any
+
+from offload_core.groups import parse_groups
+from offload_core.hashing import HASH_ALGOS
+from offload_core.hit_rule import hit_step
+from router.bench.replay import (
+    FleetSpec,
+    ReplayConfig,
+    every_group_as_full,
+    full_groups_only,
+    replay,
+)
+from router.bench.sim import CostModel
+from router.policy import POLICY_NAMES, PolicyWeights
+from router.routing_state import RoutingConfig
+from router.workloads import MooncakeTrace, Request, SyntheticConfig, synthetic_workload
+
+DEFAULT_TRACE = "benchmarks/data/mooncake_conversation_trace.jsonl"
+# 8 workers x 1024 blocks of 512 tokens: the shared bound sits well below the infinite
+# one (the cache matters) and no single prompt exceeds a worker's pool.
+DEFAULT_GPU_BLOCKS = 1024
+_COST = CostModel()
+# random is available by name but left out by default (it only adds run time).
+DEFAULT_POLICIES = ("kv_aware", "round_robin", "least_loaded", "longest_prefix")
+
+
+def _weights(text: str | None) -> PolicyWeights:
+    """``prefill=1,decode=128`` -> PolicyWeights (unknown names are an error)."""
+    if not text:
+        return PolicyWeights()
+    known = {f.name: f.type for f in dataclasses.fields(PolicyWeights)}
+    values: dict[str, Any] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or name not in known:
+            raise argparse.ArgumentTypeError(f"bad weight {item!r}; known: {sorted(known)}")
+        values[name] = int(value) if name == "expected_output_tokens" else float(value)
+    return dataclasses.replace(PolicyWeights(), **values)
+
+
+def _common(p: argparse.ArgumentParser, groups: str) -> None:
+    p.add_argument("--trace", default=None, help=f"Mooncake JSONL (e.g. {DEFAULT_TRACE})")
+    p.add_argument("--synthetic", type=int, default=None, metavar="N",
+                   help="use N synthetic requests instead of a trace")  # fmt: skip
+    p.add_argument("--limit", type=int, default=None, help="first K trace lines only")
+    p.add_argument("--time-scale", type=float, default=1.0, help="speed arrivals up by this")
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--gpu-blocks", type=int, default=DEFAULT_GPU_BLOCKS)
+    p.add_argument("--block-size", type=int, default=512,
+                   help="engine block size (512: one Mooncake hash id = one block)")  # fmt: skip
+    p.add_argument("--groups", default=groups,
+                   help="KV cache groups; {bs} stands for --block-size")  # fmt: skip
+    p.add_argument("--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256")
+    p.add_argument("--weights", type=_weights, default=None,
+                   help="kv_aware weights, e.g. decode=128,balance_slack=0.2")  # fmt: skip
+    p.add_argument("--prefill-tps", type=float, default=_COST.prefill_tps)
+    p.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token)
+    p.add_argument("--event-delay", type=float, default=0.0,
+                   help="seconds between an engine's change and the router seeing it")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="processes to spread the fleets over")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print JSON only")
+    p.add_argument("--out", default=None, help="also write the JSON result to this file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvroute bench", description="routing benchmarks")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    r = sub.add_parser("routing", help="policies vs bounds on a trace, in simulated time")
+    _common(r, "full:{bs}")
+    r.add_argument("--policy", action="append", choices=POLICY_NAMES, default=None,
+                   help="repeatable; default: every policy")  # fmt: skip
+    h = sub.add_parser("hma", help="HMA-exact scoring vs full-only / all-full on a hybrid model")
+    _common(h, "full:{bs},swa:{bs}:2048")
+    h.add_argument("--policy", choices=POLICY_NAMES, default="kv_aware")
+    return parser
+
+
+def _workload(args: argparse.Namespace) -> tuple[Iterable[Request], str]:
+    if args.synthetic is not None:
+        cfg = SyntheticConfig(requests=args.synthetic, seed=args.seed)
+        return synthetic_workload(cfg), f"synthetic({args.synthetic}, seed={args.seed})"
+    path = Path(args.trace or DEFAULT_TRACE)
+    trace = MooncakeTrace(path, limit=args.limit, seed=args.seed, time_scale=args.time_scale)
+    return trace, f"{path.name} ({len(trace)} requests)"
+
+
+def _config(args: argparse.Namespace) -> ReplayConfig:
+    groups = parse_groups(args.groups.replace("{bs}", str(args.block_size)))
+    routing = RoutingConfig(
+        weights=args.weights or PolicyWeights(),
+        prefix_block_tokens=hit_step(groups),
+        seed=args.seed,
+    )
+    return ReplayConfig(
+        workers=args.workers,
+        gpu_blocks=args.gpu_blocks,
+        groups=groups,
+        routing=routing,
+        cost=CostModel(args.prefill_tps, args.decode_s_per_token),
+        hash_algo=args.hash_algo,
+        event_delay_s=args.event_delay,
+        truth_all_workers=args.bench == "hma",
+    )
+
+
+def _fleet_specs(args: argparse.Namespace, cfg: ReplayConfig) -> list[FleetSpec]:
+    if args.bench == "routing":
+        names = args.policy or list(DEFAULT_POLICIES)
+        return [FleetSpec(p, p) for p in dict.fromkeys(names)]
+    return [
+        FleetSpec("hma_exact", args.policy),
+        FleetSpec("full_only", args.policy, full_groups_only(cfg.groups)),
+        FleetSpec("all_full", args.policy, every_group_as_full),
+    ]
+
+
+def _job(
+    args: argparse.Namespace, names: list[str], bounds: bool, done: Any, out: Any, idx: int
+) -> None:
+    """One process's share of the fleets (it re-reads and re-hashes the workload)."""
+    try:
+        cfg = _config(args)
+        fleets = [f for f in _fleet_specs(args, cfg) if f.name in names]
+        workload, _ = _workload(args)
+
+        def progress(n: int) -> None:
+            if n % 64 == 0:
+                done.value = n
+
+        result = asyncio.run(replay(workload, fleets, cfg, progress, bounds=bounds))
+        out.put((idx, result, None))
+    except BaseException as exc:  # reported by the parent
+        out.put((idx, None, f"{type(exc).__name__}: {exc}"))
+
+
+def run_bench(args: argparse.Namespace, show_progress: bool = False) -> dict[str, Any]:
+    """Run the benchmark, splitting the fleets over ``args.jobs`` processes."""
+    cfg = _config(args)
+    names = [f.name for f in _fleet_specs(args, cfg)]
+    workload, label = _workload(args)
+    total = len(workload) if isinstance(workload, Sized) else None
+    jobs = max(1, min(args.jobs, len(names)))
+    shares = [names[i::jobs] for i in range(jobs)]
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    out = ctx.Queue()
+    counters = [ctx.Value("l", 0) for _ in shares]
+    # The bounds ride with the job holding the fewest fleets.
+    bounds_job = min(range(jobs), key=lambda i: len(shares[i]))
+    t0 = time.perf_counter()
+    procs = [
+        ctx.Process(target=_job, args=(args, share, i == bounds_job, counters[i], out, i))
+        for i, share in enumerate(shares)
+    ]
+    for proc in procs:
+        proc.start()
+    results: dict[int, dict[str, Any]] = {}
+    bar = _progress_bar(label, total) if show_progress else None
+    try:
+        while len(results) < jobs:
+            try:
+                idx, result, error = out.get(timeout=0.2)
+            except queue.Empty:
+                if bar is not None:
+                    bar[0].update(bar[1], completed=min(c.value for c in counters))
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("a benchmark process died") from None
+                continue
+            if error is not None:
+                raise RuntimeError(f"benchmark job failed: {error}")
+            results[idx] = result
+    finally:
+        if bar is not None:
+            bar[0].stop()
+        for proc in procs:
+            proc.join(timeout=5)
+    merged = results[bounds_job]
+    merged["policies"] = {
+        name: results[i]["policies"][name] for i, share in enumerate(shares) for name in share
+    }
+    merged["policies"] = {n: merged["policies"][n] for n in names}
+    merged["config"]["workload"] = label
+    merged["config"]["jobs"] = jobs
+    merged["timings_s"] = {
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "per_job": [results[i]["timings_s"] for i in range(jobs)],
+    }
+    return merged
+
+
+def _progress_bar(label: str, total: int | None) -> tuple[Any, Any]:
+    from rich.progress import Progress
+
+    bar = Progress(transient=True)
+    bar.start()
+    return bar, bar.add_task(f"replaying {label}", total=total)
+
+
+def _print_table(result: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    bounds = result["bounds"]
+    shared = bounds["shared_cache"] or 1.0
+    table = Table(title=title)
+    for col in ("fleet", "hit rate", "% of shared bound", "imbalance", "estimate exact",
+                "est. MAE (tok)", "TTFT mean (s)", "TTFT p99 (s)"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "fleet" else "right")
+    for name, m in result["policies"].items():
+        table.add_row(
+            name,
+            f"{m['hit_rate']:.2%}",
+            f"{m['hit_rate'] / shared:.1%}",
+            f"{m['imbalance']:.3f}",
+            f"{m['estimate_exact']:.2%}",
+            f"{m['estimate_mae_tokens']:.1f}",
+            f"{m['ttft_mean_s']:.3f}",
+            f"{m['ttft_p99_s']:.3f}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"bounds: infinite cache {bounds['infinite_cache']:.2%}, "
+        f"shared cache (one LRU of {result['config']['workers']}x"
+        f"{result['config']['gpu_blocks']} blocks) {bounds['shared_cache']:.2%}; "
+        f"{result['config']['requests']} requests in {result['timings_s']['wall_s']:.1f}s"
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    try:
+        result = run_bench(args, show_progress=not args.json and sys.stderr.isatty())
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"kvroute bench: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        _print_table(result, f"kvroute bench {args.bench}")
+    return 0
