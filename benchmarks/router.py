@@ -1,0 +1,326 @@
+"""Router over the wire: end-to-end ingest through ZMQ and ``/v1/score`` over HTTP.
+
+* ingest: block events per second from real ``ZmqEventPublisher`` instances (in a child
+  process, so they do not share the GIL with the router) through the router's SUB
+  sockets, sequence tracking and ``Ingestor`` into the index, memory and redis. The
+  clock runs from "go" to the last batch applied, so publisher encoding, ZMQ transport,
+  decoding and the index write are all inside. Workload: ``router_core.make_stream``
+  (hybrid full + sliding-window groups, stores of 1-32 blocks of 16 tokens, evictions).
+* score: ``POST /v1/score`` latency seen by an HTTP client (httpx, keep-alive) against
+  ``kvroute``'s FastAPI app under uvicorn in a child process, for 8k-token prompts over
+  16 and 64 workers with two groups (``router_core.populate``: "typical" fleet).
+
+The in-process figures for the same workloads come from ``benchmarks/router_core.py``.
+Targets (issue 4): ingest >= 500k block events/s memory, >= 150k/s redis (end to end
+may be lower); score p99 <= 5 ms over HTTP at 64 workers.
+Run: ``python benchmarks/router.py [--json] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+import httpx  # noqa: E402
+from router_core import make_stream, populate, start_redis  # noqa: E402
+
+from router.config import RouterSettings, WorkerSpec  # noqa: E402
+from router.index import make_index  # noqa: E402
+from router.service import RouterService  # noqa: E402
+
+SEED = 11
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(len(xs) * q))] * 1e3, 3)
+
+
+# ---------------------------------------------------------------------- child: publishers
+
+
+def child_publish(workers: int, block_events: int, capacity: int) -> int:
+    """Publish ``make_stream`` per worker after a "go" line; report counters at the end."""
+    from publisher import ZmqEventPublisher
+
+    stream, total = make_stream(workers, block_events, capacity, seed=SEED)
+    per_worker: dict[str, list[Any]] = {f"w{w}": [] for w in range(workers)}
+    for worker, b in stream:
+        per_worker[worker].append(b)
+    big = len(stream) + 10
+    pubs = {
+        w: ZmqEventPublisher(
+            "tcp://127.0.0.1:*",
+            replay_endpoint="tcp://127.0.0.1:*",
+            topic=f"kv@{w}",
+            hwm=big,
+            max_queue_size=big,
+            buffer_steps=big,
+        )
+        for w in per_worker
+    }
+    print(
+        json.dumps(
+            {
+                "total": total,
+                "workers": {
+                    w: {
+                        "endpoint": p.bound_endpoint,
+                        "replay": p.bound_replay_endpoint,
+                        "batches": len(per_worker[w]),
+                    }
+                    for w, p in pubs.items()
+                },
+            }
+        ),
+        flush=True,
+    )
+    sys.stdin.readline()  # "go"
+    # Interleave workers as a fleet would.
+    for i in range(max(len(v) for v in per_worker.values())):
+        for w, batches in per_worker.items():
+            if i < len(batches):
+                pubs[w].publish(batches[i])
+    sys.stdin.readline()  # "done": the router has everything
+    dropped = sum(p.dropped for p in pubs.values())
+    for p in pubs.values():
+        p.shutdown(timeout=5)
+    print(json.dumps({"dropped": dropped}), flush=True)
+    return 0
+
+
+async def bench_ingest(
+    kind: str, redis_url: str | None, workers: int, block_events: int, capacity: int
+) -> dict[str, Any]:
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--_publish", str(workers), str(block_events), str(capacity)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        info = json.loads(child.stdout.readline())
+        index = make_index(kind, redis_url)
+        if kind == "redis":
+            await index._r.flushall()  # type: ignore[attr-defined]
+        svc = RouterService(RouterSettings(), index=index)
+        await svc.start()
+        for w, ep in info["workers"].items():
+            spec = WorkerSpec(worker_id=w, endpoint=ep["endpoint"], replay_endpoint=ep["replay"])
+            await svc.add_worker(spec)
+        subs = [svc.subscriptions.get(w) for w in info["workers"]]
+        deadline = time.monotonic() + 10
+        while not all(s is not None and s.connected for s in subs):
+            if time.monotonic() > deadline:
+                raise RuntimeError("router did not connect to the publishers")
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # past the on-connect catch-up: nothing buffered yet
+        targets = {w: ep["batches"] - 1 for w, ep in info["workers"].items()}
+        gc.collect()
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        while any(
+            svc.subscriptions.get(w).last_seq.get(0, -1) < t  # type: ignore[union-attr]
+            for w, t in targets.items()
+        ):
+            await asyncio.sleep(0.002)
+            if time.perf_counter() - t0 > 300:
+                raise RuntimeError("ingest did not finish")
+        dt = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+        child.stdin.write("done\n")
+        child.stdin.flush()
+        dropped = json.loads(child.stdout.readline())["dropped"]
+        counters = [s.counters for s in subs if s is not None]
+        entries = (await svc.index.stats())["entries"]
+        await svc.stop()
+    finally:
+        child.kill()
+        child.wait()
+    total = info["total"]
+    return {
+        "backend": kind,
+        "publishers": workers,
+        "block_events": total,
+        "seconds": round(dt, 3),
+        "block_events_per_s": round(total / dt),
+        "block_events_per_router_cpu_s": round(total / cpu) if cpu > 0 else None,
+        "gaps": sum(c.gaps for c in counters),
+        "resyncs": sum(c.resyncs for c in counters),
+        "publisher_dropped": dropped,
+        "index_entries": entries,
+    }
+
+
+# ---------------------------------------------------------------------- child: HTTP server
+
+
+def child_serve(workers: int, port: int) -> int:
+    import uvicorn
+
+    from router.api import create_app
+
+    logging.basicConfig(level=logging.WARNING)
+    settings = RouterSettings(port=port, replay_on_connect=False)
+    svc = RouterService(settings)
+    for w in range(workers):  # never-answering endpoints: scoring needs no live stream
+        svc._register(WorkerSpec(worker_id=f"w{w}", endpoint="tcp://127.0.0.1:9"))
+    asyncio.run(populate(svc.index, workers, "typical"))
+    uvicorn.run(create_app(svc), host="127.0.0.1", port=port, log_level="warning")
+    return 0
+
+
+def bench_http_score(workers: int, queries: int) -> dict[str, Any]:
+    port = _free_port()
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--_serve", str(workers), str(port)],
+        stdout=subprocess.DEVNULL,
+    )
+    prompts = asyncio.run(populate(make_index("memory"), 1, "typical"))  # same pool (seeded)
+    bodies = [json.dumps({"token_ids": p}).encode() for p in prompts]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline or child.poll() is not None:
+                    raise RuntimeError("score server did not start")
+                time.sleep(0.05)
+            headers = {"content-type": "application/json"}
+            rng = random.Random(5)
+            for _ in range(20):  # warm-up: connection, learned block sizes
+                client.post("/v1/score", content=rng.choice(bodies), headers=headers)
+            lat: list[float] = []
+            hit_workers = 0
+            gc.collect()
+            for _ in range(queries):
+                body = rng.choice(bodies)
+                t0 = time.perf_counter()
+                r = client.post("/v1/score", content=body, headers=headers)
+                lat.append(time.perf_counter() - t0)
+                assert r.status_code == 200, r.text
+                hit_workers += r.content.count(b'"hit_tokens":') - r.content.count(
+                    b'"hit_tokens":0,'
+                )
+            metrics = client.get("/metrics").text
+    finally:
+        child.terminate()
+        child.wait(timeout=15)
+    server = _histogram_mean_ms(metrics, "kvroute_score_duration_seconds")
+    return {
+        "workers": workers,
+        "groups": 2,
+        "prompt_tokens": len(prompts[0]),
+        "queries": queries,
+        "p50_ms": _pct(lat, 0.5),
+        "p99_ms": _pct(lat, 0.99),
+        "server_score_mean_ms": server,
+        "response_bytes": len(r.content),
+    }
+
+
+def _histogram_mean_ms(text: str, name: str) -> float | None:
+    total = count = None
+    for line in text.splitlines():
+        if line.startswith(f"{name}_sum "):
+            total = float(line.split()[1])
+        elif line.startswith(f"{name}_count "):
+            count = float(line.split()[1])
+    return round(total / count * 1e3, 3) if total is not None and count else None
+
+
+# ---------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--block-events", type=int, default=200_000)
+    ap.add_argument("--capacity", type=int, default=8192, help="blocks per worker and group")
+    ap.add_argument("--publishers", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--redis-url", default=None, help="default: start a private redis-server")
+    ap.add_argument("--no-redis", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--_publish", nargs=3, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--_serve", nargs=2, type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._publish:
+        return child_publish(*args._publish)
+    if args._serve:
+        return child_serve(*args._serve)
+    logging.basicConfig(level=logging.WARNING)
+    if args.quick:
+        args.block_events, args.queries, args.publishers = 20_000, 40, [1]
+    proc, url = None, None if args.no_redis else args.redis_url
+    if not args.no_redis and url is None:
+        started = start_redis()
+        if started is None:
+            print("redis-server not available: redis figures skipped", file=sys.stderr)
+        else:
+            proc, url = started
+    res: dict[str, Any] = {"ingest": [], "score_http": []}
+    try:
+        for n in args.publishers:
+            res["ingest"].append(
+                asyncio.run(bench_ingest("memory", None, n, args.block_events, args.capacity))
+            )
+        if url:
+            for n in args.publishers:
+                events = args.block_events // 2
+                res["ingest"].append(asyncio.run(bench_ingest("redis", url, n, events, 8192)))
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+    for workers in (16, 64):
+        res["score_http"].append(bench_http_score(workers, args.queries))
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    for r in res["ingest"]:
+        print(
+            f"ingest {r['backend']:<6} {r['publishers']} publisher(s) "
+            f"{r['block_events_per_s']:>9,} block events/s end to end "
+            f"({r['block_events']:,} in {r['seconds']} s; "
+            f"{r['block_events_per_router_cpu_s']:,} per router CPU-second; "
+            f"gaps {r['gaps']}, dropped {r['publisher_dropped']})"
+        )
+    for r in res["score_http"]:
+        print(
+            f"score  HTTP {r['workers']:>3} workers x {r['groups']} groups, "
+            f"{r['prompt_tokens']}-token prompts: p50 {r['p50_ms']:.3f} ms  "
+            f"p99 {r['p99_ms']:.3f} ms  (server-side score mean {r['server_score_mean_ms']} ms)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
