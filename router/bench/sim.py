@@ -58,7 +58,7 @@ class FleetStats:
     tokens_by_worker: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        n = max(self.requests, 1)
+        n = max(self.requests - self.rejected, 1)  # estimates are checked on served ones
         per = self.tokens_by_worker
         mean = sum(per) / len(per) if per else 0.0
         ttft = sorted(self.ttft)
@@ -157,7 +157,11 @@ class Fleet:
         try:
             plan = kv.begin(prepared)
         except RequestTooLargeError:
+            # Counted as a full miss, so that hit rates share one denominator with the
+            # bounds (which see every prompt).
             s.rejected += 1
+            s.requests += 1
+            s.prompt_tokens += len(req.token_ids)
             self.core.finish(req.request_id, now=now)
             return
         kv.allocate(plan)
