@@ -99,14 +99,14 @@ class Scorer:
             again = [w for w, s in snaps.items() if s is not None and len(s.masks) < len(s.groups)]
             snaps.update(await self.index.fetch(again, keys))
         n = len(token_ids)
-        memo: dict[object, _Result] = {}
+        memo: dict[object, Any] = {}
         rows = [self._worker(wid, snaps.get(wid), n, memo) for wid in dict.fromkeys(worker_ids)]
         rows.sort(key=lambda r: (-r["score"], -r["hit_tokens"], r["worker_id"]))
         # One validation of plain dicts (pydantic-core, in Rust) beats building models.
         return ScoreResponse.model_validate({"request_tokens": n, "workers": rows})
 
     def _worker(
-        self, worker_id: str, snap: WorkerSnapshot | None, n: int, memo: dict[object, _Result]
+        self, worker_id: str, snap: WorkerSnapshot | None, n: int, memo: dict[object, Any]
     ) -> dict[str, Any]:
         """One worker's row; workers with identical patterns share one computation."""
         row: dict[str, Any] = {
@@ -130,7 +130,7 @@ class Scorer:
         memo_key = (metas, any_lists)
         done = memo.get(memo_key)
         if done is None:
-            done = memo[memo_key] = self._compute(metas, any_lists, n)
+            done = memo[memo_key] = self._compute(metas, any_lists, n, memo)
         hit, hit_gpu, per_group, score = done
         row.update(hit_tokens=hit, hit_tokens_gpu=hit_gpu, score=score, learned=True)
         row["groups"] = [
@@ -138,16 +138,22 @@ class Scorer:
         ]
         return row
 
-    def _compute(self, metas: Sequence[GroupMeta], any_lists: Sequence[bytes], n: int) -> _Result:
+    def _compute(
+        self,
+        metas: Sequence[GroupMeta],
+        any_lists: Sequence[bytes],
+        n: int,
+        memo: dict[object, Any],
+    ) -> _Result:
         """(hit_tokens, hit_tokens_gpu, per-group (hit, hit_gpu), score) for one pattern."""
         specs = [m.spec() for m in metas]
         step = hit_step(specs)
-        hit, own = _tier(specs, any_lists, n, step)
+        hit, own = _tier(specs, any_lists, n, step, memo)
         if all(lst.translate(_GPU_ONLY) == lst for lst in any_lists):
             hit_gpu, own_gpu = hit, own
         else:
             gpu_lists = _truncate(specs, [lst.translate(_GPU_ONLY) for lst in any_lists])
-            hit_gpu, own_gpu = _tier(specs, gpu_lists, n, step)
+            hit_gpu, own_gpu = _tier(specs, gpu_lists, n, step, memo)
         score = max(self._weighted(hit, specs, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
         return hit, hit_gpu, list(zip(own, own_gpu, strict=True)), round(score, 3)
 
@@ -195,18 +201,26 @@ def _truncate(specs: Sequence[GroupSpec], lists: list[bytes]) -> list[bytes]:
 
 
 def _tier(
-    specs: Sequence[GroupSpec], lists: Sequence[bytes], n: int, step: int
+    specs: Sequence[GroupSpec], lists: Sequence[bytes], n: int, step: int, memo: dict[object, Any]
 ) -> tuple[int, list[int]]:
     """The joint hit and each group's own hit, for one tier.
 
     Each group's own maximum (``group_max_hit``) bounds the joint answer, so
-    ``longest_hit`` starts its descent there: same answer, a much shorter scan.
+    ``longest_hit`` starts its descent there: same answer, a much shorter scan. Group
+    maxima are memoised per request: workers and tiers often share one group's list.
     """
     top = max_candidate(n, step)
     own = []
     for spec, lst in zip(specs, lists, strict=True):
         limit = min(top, (len(lst) * spec.block_size // step) * step)
-        own.append(group_max_hit(spec, lst, limit, step) if limit > 0 else 0)
+        if limit <= 0:
+            own.append(0)
+            continue
+        key = (spec, lst, limit, step)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = group_max_hit(spec, lst, limit, step)
+        own.append(got)
     bound = min(own)
     if bound <= 0 or bound == max(own):
         return max(bound, 0), own  # every group accepts ``bound``: it is the answer

@@ -177,6 +177,13 @@ class IndexBackend(ABC):
         (worker, group, key, medium); a key whose mask drops to 0 is deleted, and its map
         entry too once no group of that block size holds the key."""
 
+    async def apply_many(
+        self, items: Sequence[tuple[str, dict[int, GroupMeta], Sequence[Op]]]
+    ) -> list[ApplyResult]:
+        """``apply`` for several (worker, groups, ops) in order; a backend may send them
+        in one round trip (redis pipelines them)."""
+        return [await self.apply(w, groups, ops) for w, groups, ops in items]
+
     @abstractmethod
     async def clear_worker(self, worker_id: str) -> None:
         """Drop the worker's entries and maps; keep its metadata."""

@@ -231,18 +231,15 @@ class MemoryIndex(IndexBackend):
             for g, c in sorted(w.counts.items())
         }
 
-    def _columns(self, g: int, keys: Sequence[BlockKey], full: bool) -> list[bytes]:
-        """Per slot, one mask byte per key (full groups stop where no worker holds one)."""
+    def _rows(self, g: int, keys: Sequence[BlockKey], full: bool) -> bytes:
+        """Mask bytes of every slot for each key, key after key (``nslots`` bytes per key);
+        a full-attention group stops at the first key no worker holds. Slot ``s``'s own
+        bytes are then ``rows[s::nslots]`` -- a strided slice, in C."""
         t = self._tables.get(g)
         if not t or not keys:
-            return []
-        vals = (
-            list(takewhile(bool, map(t.get, keys))) if full else list(map(t.get, keys, repeat(0)))
-        )
-        if not vals:
-            return []
-        rows = map(int.to_bytes, vals, repeat(self._nslots), repeat("little"))
-        return [bytes(col) for col in zip(*rows, strict=True)]
+            return b""
+        vals = takewhile(bool, map(t.get, keys)) if full else map(t.get, keys, repeat(0))
+        return b"".join(map(int.to_bytes, vals, repeat(self._nslots), repeat("little")))
 
     async def fetch(
         self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
@@ -266,9 +263,10 @@ class MemoryIndex(IndexBackend):
                 if not full:
                     reach = max(bound.get(wid, len(keys) * bs) for wid, _ in members)
                     keys = keys[: reach // bs]
-                cols = self._columns(g, keys, full)
+                rows = self._rows(g, keys, full)
+                stride = self._nslots
                 for wid, w in members:
-                    col = cols[w.slot] if cols else b""
+                    col = rows[w.slot :: stride]
                     if full:
                         z = col.find(0)
                         got = col if z < 0 else col[:z]

@@ -216,6 +216,30 @@ class RedisIndex(IndexBackend):
     async def apply(
         self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
     ) -> ApplyResult:
+        return (await self.apply_many([(worker_id, groups, ops)]))[0]
+
+    async def apply_many(
+        self, items: Sequence[tuple[str, dict[int, GroupMeta], Sequence[Op]]]
+    ) -> list[ApplyResult]:
+        calls = [(worker_prefix(w), self._apply_args(w, groups, ops)) for w, groups, ops in items]
+        sha = await self._call(lambda: self._script_sha("APPLY"))
+
+        async def run() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for prefix, args in calls:
+                pipe.evalsha(sha, 1, prefix + "keys", *args)
+            return await pipe.execute()
+
+        try:
+            replies = await self._call(run)
+        except NoScriptError:  # Redis restarted or SCRIPT FLUSH: nothing ran, send again
+            await self._call(lambda: self._script_sha("APPLY", reload=True))
+            replies = await self._call(run)
+        return [ApplyResult(*(int(x) for x in got)) for got in replies]
+
+    def _apply_args(
+        self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
+    ) -> list[Any]:
         prefix = worker_prefix(worker_id)
         args: list[Any] = [prefix]
         for op in ops:
@@ -239,8 +263,7 @@ class RedisIndex(IndexBackend):
                 if isinstance(op, StoreOp):
                     keys = op.keys[lo : lo + _OP_CHUNK]
                     args.append(b"".join(k.to_bytes(8, "big") for k in keys))
-        got = await self._eval("APPLY", [prefix + "keys"], args)
-        return ApplyResult(*(int(x) for x in got))
+        return args
 
     async def clear_worker(self, worker_id: str) -> None:
         self._forget(worker_id)
