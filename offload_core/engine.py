@@ -33,7 +33,7 @@ from offload_core.hashing import HASH_ALGOS, external_hash
 from offload_core.hit_rule import GroupSpec
 from offload_core.kv_cache import KVCacheManager, RequestTooLargeError
 from offload_core.transfer import KVBuffers, TransferWorker
-from publisher.zmq_publisher import EventPublisher, NullEventPublisher
+from publisher import EventPublisher, NullEventPublisher
 from schemas import MEDIUM_CPU, MEDIUM_GPU, KVEvent, KVEventBatch
 
 log = logging.getLogger("kvroute.engine")

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from offload_core.engine import EngineConfig, SimEngine
 from offload_core.groups import format_groups
 from offload_core.kv_cache import RequestTooLargeError
-from publisher.zmq_publisher import EventPublisher, NullEventPublisher, ZmqEventPublisher
+from publisher import EventPublisher, KVEventsConfig, make_publisher
 
 log = logging.getLogger("kvroute.engine")
 
@@ -125,10 +125,15 @@ def create_app(engine: SimEngine) -> FastAPI:
     return app
 
 
-def make_publisher(endpoint: str | None, replay: str | None, topic: str) -> EventPublisher:
-    if not endpoint:
-        return NullEventPublisher()
-    return ZmqEventPublisher(endpoint, replay_endpoint=replay, topic=topic)
+def engine_publisher(endpoint: str | None, replay: str | None, topic: str) -> EventPublisher:
+    """The engine's publisher: ZMQ with replay, or nothing when ``endpoint`` is empty."""
+    config = KVEventsConfig(
+        enable_kv_cache_events=bool(endpoint),
+        endpoint=endpoint or "tcp://*:5557",
+        replay_endpoint=replay or None,
+        topic=topic,
+    )
+    return make_publisher(config)
 
 
 def run_server(
@@ -143,7 +148,7 @@ def run_server(
     import uvicorn
 
     try:
-        publisher = make_publisher(publish, replay, topic)
+        publisher = engine_publisher(publish, replay, topic)
     except (zmq.ZMQError, ValueError) as exc:
         log.error("worker %s: cannot open %s / %s: %s", config.worker_id, publish, replay, exc)
         return 1

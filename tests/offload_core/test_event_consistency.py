@@ -15,7 +15,7 @@ from offload_core.engine import EngineConfig, RequestTooLargeError, SimEngine
 from offload_core.hashing import block_hashes, external_hash, hash_block
 from offload_core.hit_rule import longest_hit
 from offload_core.kv_cache import request_lora
-from publisher.zmq_publisher import EventPublisher, ZmqEventPublisher
+from publisher import EventPublisher, ZmqEventPublisher
 from schemas import (
     AllBlocksCleared,
     BlockRemoved,

@@ -6,7 +6,7 @@ import pytest
 
 from offload_core.base import OffloadKey, make_offload_key
 from offload_core.block_pool import BlockPool
-from offload_core.groups import parse_groups
+from offload_core.groups import format_groups, parse_groups
 from offload_core.hashing import block_hashes, external_hash
 from offload_core.kv_cache import KVCacheManager, RequestTooLargeError
 from schemas import BlockRemoved, BlockStored
@@ -189,3 +189,23 @@ def test_plan_steps_must_run_in_order() -> None:
     plan = kv.begin(list(range(9)))
     with pytest.raises(RuntimeError):
         kv.commit(plan)
+
+
+def test_group_specs_parse_to_vllm_kind_names_and_back() -> None:
+    groups = parse_groups("full:16, swa:16:1024,mamba:16,mla:32")
+    assert [(g.kind, g.block_size, g.sliding_window) for g in groups] == [
+        ("full_attention", 16, None),
+        ("sliding_window", 16, 1024),
+        ("mamba", 16, None),
+        ("mla_attention", 32, None),
+    ]
+    assert [g.rule for g in groups] == ["full", "sliding", "mamba", "full"]
+    assert format_groups(groups) == "full:16,swa:16:1024,mamba:16,mla:32"
+
+
+@pytest.mark.parametrize(
+    "text", ["", "full", "full:0", "full:x", "swa:16", "swa:16:0", "lstm:16", "full:16:4"]
+)
+def test_bad_group_specs_are_rejected_with_a_clear_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_groups(text)
