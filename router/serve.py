@@ -10,47 +10,13 @@ import argparse
 import json
 import logging
 import sys
-import time
-from typing import Any
 
 from pydantic import ValidationError
 
 from router.config import ENV_PREFIX, load_settings, parse_worker_spec
+from router.logging_setup import configure_logging
 
 log = logging.getLogger("router.serve")
-
-# Fields of LogRecord that are not user-supplied extras.
-_RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, and any ``extra=`` fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _RECORD_FIELDS and not key.startswith("_"):
-                out[key] = value if isinstance(value, str | int | float | bool) else str(value)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-def setup_logging(level: str, as_json: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if as_json:
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         print(f"kvroute serve: invalid settings: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level, settings.log_json)
+    configure_logging(json=settings.log_json, level=settings.log_level)
 
     import uvicorn
 

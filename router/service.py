@@ -16,14 +16,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import zmq.asyncio
 from pydantic import Field
 
 from router.config import RouterSettings, WorkerSpec
 from router.index import IndexBackend, IndexUnavailable, make_index
 from router.ingest import Ingestor
+from router.logging_setup import event_extra
 from router.metrics import RouterMetrics
 from router.scoring import Scorer
-from router.subscriber import InvalidEndpoint, SubscriptionManager, WorkerSubscription
+from router.subscriber import InvalidEndpoint, WorkerSubscription
 from schemas.rest import ScoreResponse, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,51 @@ log = logging.getLogger(__name__)
 BackgroundFactory = Callable[[], Awaitable[None]]
 
 __all__ = ["InvalidEndpoint", "RouterService", "UnknownWorker", "WorkerExists", "WorkerStatus"]
+
+
+class SubscriptionManager:
+    """The set of live subscriptions; one ZMQ context for all of them."""
+
+    def __init__(self, ingestor: Ingestor, settings: RouterSettings) -> None:
+        self._ingestor = ingestor
+        self._settings = settings
+        self._ctx = zmq.asyncio.Context()
+        self._subs: dict[str, WorkerSubscription] = {}
+        self._running = False
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self._subs
+
+    def get(self, worker_id: str) -> WorkerSubscription | None:
+        return self._subs.get(worker_id)
+
+    def all(self) -> list[WorkerSubscription]:
+        return list(self._subs.values())
+
+    def add(self, spec: WorkerSpec) -> WorkerSubscription:
+        """Open the sockets (raises ``InvalidEndpoint``); start at once if running."""
+        if spec.worker_id in self._subs:
+            raise KeyError(spec.worker_id)
+        sub = WorkerSubscription(spec, self._ctx, self._ingestor, self._settings)
+        self._subs[spec.worker_id] = sub
+        if self._running:
+            sub.start()
+        return sub
+
+    async def remove(self, worker_id: str) -> None:
+        sub = self._subs.pop(worker_id)
+        await sub.stop()
+
+    def start(self) -> None:
+        self._running = True
+        for sub in self._subs.values():
+            sub.start()
+
+    async def stop(self) -> None:
+        self._running = False
+        for worker_id in list(self._subs):
+            await self.remove(worker_id)
+        self._ctx.destroy(linger=0)
 
 
 class WorkerStatus(WorkerInfo):
@@ -137,7 +184,12 @@ class RouterService:
     async def add_worker(self, spec: WorkerSpec) -> WorkerStatus:
         """Register and subscribe; raises ``WorkerExists`` or ``InvalidEndpoint``."""
         self._register(spec)
-        log.info("worker %s registered (%s)", spec.worker_id, spec.endpoint)
+        log.info(
+            "worker %s registered (%s)",
+            spec.worker_id,
+            spec.endpoint,
+            extra=event_extra("worker_registered", worker=spec.worker_id, endpoint=spec.endpoint),
+        )
         return await self.worker_info(spec.worker_id)
 
     async def remove_worker(self, worker_id: str) -> None:
@@ -146,7 +198,9 @@ class RouterService:
             raise UnknownWorker(worker_id)
         await self.subscriptions.remove(worker_id)
         await self.ingestor.remove_worker(worker_id)
-        log.info("worker %s removed", worker_id)
+        log.info(
+            "worker %s removed", worker_id, extra=event_extra("worker_removed", worker=worker_id)
+        )
 
     def worker_ids(self) -> list[str]:
         return [sub.worker_id for sub in self.subscriptions.all()]

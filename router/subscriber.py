@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,8 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from router.config import RouterSettings, WorkerSpec
-from router.index.base import IndexUnavailable
+from router.ingest_retry import IndexRetry
+from router.logging_setup import event_extra
 from router.replay import ReplayFailed, ReplayFrame, request_replay
 from router.sequencing import SeqTracker, Verdict
 from schemas import DecodeError, DecodeStats, KVEventBatch, decode_batch
@@ -100,11 +100,11 @@ class WorkerSubscription:
         self.connected = False
         self.ever_connected = False
         self.syncing = False
-        self.retrying_since: float | None = None
         self._ctx = ctx
         self._ingestor = ingestor
         self._settings = settings
         self._seq = SeqTracker()
+        self._retry = IndexRetry(spec.worker_id, settings, self.counters)
         self._logged_decode_error = False
         self._catch_up_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -133,6 +133,9 @@ class WorkerSubscription:
             raise
 
     # ------------------------------------------------------------------ lifecycle
+    def _event(self, event: str, **fields: object) -> dict[str, object]:
+        return event_extra(event, worker=self.worker_id, **fields)
+
     @property
     def state(self) -> str:
         if self.syncing:
@@ -147,8 +150,7 @@ class WorkerSubscription:
 
     def lag_seconds(self) -> float:
         """How long the batch being applied has waited for the index (0 when none)."""
-        since = self.retrying_since
-        return 0.0 if since is None else time.monotonic() - since
+        return self._retry.lag_seconds()
 
     def start(self) -> None:
         name = self.worker_id
@@ -178,12 +180,21 @@ class WorkerSubscription:
             event = parse_monitor_message(msg)["event"]
             if event == zmq.EVENT_CONNECTED:
                 self.connected = self.ever_connected = True
-                log.info("worker %s connected (%s)", self.worker_id, self.spec.endpoint)
+                log.info(
+                    "worker %s connected (%s)",
+                    self.worker_id,
+                    self.spec.endpoint,
+                    extra=self._event("worker_connected", endpoint=self.spec.endpoint),
+                )
                 if self.spec.replay_endpoint is not None and self._settings.replay_on_connect:
                     self._catch_up_at = time.monotonic() + CATCH_UP_DELAY_S
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
-                log.info("worker %s disconnected; ZMQ reconnects", self.worker_id)
+                log.info(
+                    "worker %s disconnected; ZMQ reconnects",
+                    self.worker_id,
+                    extra=self._event("worker_disconnected"),
+                )
             elif event == zmq.EVENT_MONITOR_STOPPED:
                 return
 
@@ -234,6 +245,7 @@ class WorkerSubscription:
             "we were away); resyncing",
             self.worker_id,
             top,
+            extra=self._event("publisher_restarted", seq=top),
         )
         self._seq.forget_live()
         await self._recover(start=0, clear_first=True)
@@ -259,6 +271,7 @@ class WorkerSubscription:
                 self.worker_id,
                 rank,
                 seq,
+                extra=self._event("publisher_restarted", rank=rank, seq=seq),
             )
             await self._resync_from(seq, batch, frames[2])
         elif verdict is Verdict.JOIN:
@@ -269,7 +282,12 @@ class WorkerSubscription:
         else:
             self.counters.gaps += 1
             log.warning(
-                "worker %s rank %d: gap %d..%d", self.worker_id, rank, decision.start, seq - 1
+                "worker %s rank %d: gap %d..%d",
+                self.worker_id,
+                rank,
+                decision.start,
+                seq - 1,
+                extra=self._event("gap", rank=rank, first_missing=decision.start, seq=seq),
             )
             if self.spec.replay_endpoint is None:
                 await self._clear("gap and no replay endpoint")
@@ -325,7 +343,11 @@ class WorkerSubscription:
             self.counters.replay_failures += 1
             # Right after connecting the ROUTER may simply not be up yet: no warning.
             log.log(
-                logging.INFO if quiet else logging.WARNING, "worker %s: %s", self.worker_id, exc
+                logging.INFO if quiet else logging.WARNING,
+                "worker %s: %s",
+                self.worker_id,
+                exc,
+                extra=self._event("replay_failed", start=start),
             )
             return None
         self.counters.decode_errors += malformed
@@ -340,11 +362,14 @@ class WorkerSubscription:
 
     async def _clear(self, why: str) -> None:
         log.warning(
-            "worker %s: clearing its index entries and rebuilding (%s)", self.worker_id, why
+            "worker %s: clearing its index entries and rebuilding (%s)",
+            self.worker_id,
+            why,
+            extra=self._event("resync", reason=why),
         )
         self.counters.resyncs += 1
         self._seq.forget_applied()
-        await self._with_retry(self._ingestor.clear_worker, self.worker_id)
+        await self._retry.call(self._ingestor.clear_worker, self.worker_id)
 
     # ------------------------------------------------------------------ apply
     async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
@@ -354,35 +379,10 @@ class WorkerSubscription:
         await self._apply(seq, batch, payload)
 
     async def _apply(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
-        if await self._with_retry(self._ingestor.apply_batch, self.worker_id, batch):
+        if await self._retry.call(self._ingestor.apply_batch, self.worker_id, batch):
             self.counters.batches += 1
             self.counters.events += len(batch.events)
         self._seq.mark_applied(batch.data_parallel_rank or 0, seq, hash(payload))
-
-    async def _with_retry(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
-        """Call ``fn`` until the index takes it; False if it failed for another reason."""
-        delay = self._settings.ingest_retry_initial_s
-        while True:
-            try:
-                await fn(*args)
-            except IndexUnavailable as exc:
-                if self.retrying_since is None:
-                    self.retrying_since = time.monotonic()
-                    log.warning("worker %s: index unavailable (%s); retrying", self.worker_id, exc)
-                self.counters.ingest_retries += 1
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._settings.ingest_retry_max_s)
-                continue
-            except Exception:  # a bug must not kill the subscription; count and go on
-                self.counters.ingest_errors += 1
-                if self.counters.ingest_errors == 1:
-                    log.exception("worker %s: ingest failed; batch skipped", self.worker_id)
-                self.retrying_since = None
-                return False
-            if self.retrying_since is not None:
-                log.info("worker %s: index back, ingestion resumed", self.worker_id)
-                self.retrying_since = None
-            return True
 
     # ------------------------------------------------------------------ decode
     def _decode(self, payload: bytes, seq: int) -> KVEventBatch | None:
@@ -397,49 +397,9 @@ class WorkerSubscription:
         self.counters.decode_errors += 1
         if not self._logged_decode_error:
             self._logged_decode_error = True
-            log.warning("worker %s: undecodable frame skipped (%s); counting", self.worker_id, why)
-
-
-class SubscriptionManager:
-    """The set of live subscriptions; one ZMQ context for all of them."""
-
-    def __init__(self, ingestor: Ingestor, settings: RouterSettings) -> None:
-        self._ingestor = ingestor
-        self._settings = settings
-        self._ctx = zmq.asyncio.Context()
-        self._subs: dict[str, WorkerSubscription] = {}
-        self._running = False
-
-    def __contains__(self, worker_id: object) -> bool:
-        return worker_id in self._subs
-
-    def get(self, worker_id: str) -> WorkerSubscription | None:
-        return self._subs.get(worker_id)
-
-    def all(self) -> list[WorkerSubscription]:
-        return list(self._subs.values())
-
-    def add(self, spec: WorkerSpec) -> WorkerSubscription:
-        """Open the sockets (raises ``InvalidEndpoint``); start at once if running."""
-        if spec.worker_id in self._subs:
-            raise KeyError(spec.worker_id)
-        sub = WorkerSubscription(spec, self._ctx, self._ingestor, self._settings)
-        self._subs[spec.worker_id] = sub
-        if self._running:
-            sub.start()
-        return sub
-
-    async def remove(self, worker_id: str) -> None:
-        sub = self._subs.pop(worker_id)
-        await sub.stop()
-
-    def start(self) -> None:
-        self._running = True
-        for sub in self._subs.values():
-            sub.start()
-
-    async def stop(self) -> None:
-        self._running = False
-        for worker_id in list(self._subs):
-            await self.remove(worker_id)
-        self._ctx.destroy(linger=0)
+            log.warning(
+                "worker %s: undecodable frame skipped (%s); counting",
+                self.worker_id,
+                why,
+                extra=self._event("decode_error"),
+            )
