@@ -77,7 +77,8 @@ def create_app(engine: SimEngine) -> FastAPI:
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return engine.stats_dict()
+        async with lock:  # the engine's dicts change while a request runs in its thread
+            return engine.stats_dict()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> JSONResponse:
