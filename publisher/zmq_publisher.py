@@ -290,7 +290,10 @@ class ZmqEventPublisher(EventPublisher):
             if wake_fd in ready:
                 self._drain_wake()
             if replay is not None and replay in ready:
-                self._serve_replay(replay)
+                try:
+                    self._serve_replay(replay)
+                except Exception:  # replay is best effort; live publishing must go on
+                    log.exception("KV event replay failed")
             self._send_queued(pub, _SENDS_PER_TURN, None)
 
     def _finish(self, pub: zmq.Socket, replay: zmq.Socket | None) -> None:
@@ -354,5 +357,5 @@ class ZmqEventPublisher(EventPublisher):
         """Buffered (seq, payload) with seq >= start_seq; seqs in the buffer are contiguous."""
         if not self._buffer:
             return itertools.islice((), 0)
-        skip = max(0, start_seq - self._buffer[0][0])
+        skip = min(max(0, start_seq - self._buffer[0][0]), len(self._buffer))
         return itertools.islice(self._buffer, skip, None)
