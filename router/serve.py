@@ -107,15 +107,24 @@ def main(argv: list[str] | None = None) -> int:
         settings.index,
         len(settings.workers),
     )
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        lifespan="on",
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
+            lifespan="on",
+        )
     )
+    try:  # open SSE streams never end by themselves: close them when a signal arrives
+        from router.api.stream import close_streams_on_exit
+    except ImportError:
+        pass
+    else:
+        close_streams_on_exit(server, app)
+    server.run()
     return 0
 
 

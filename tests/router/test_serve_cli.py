@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -173,3 +174,19 @@ def test_invalid_settings_exit_2(args: list[str], env: dict[str, str], tmp_path:
     s = Serve(args, env, tmp_path)
     assert s.proc.wait(timeout=30) == 2
     assert "invalid settings" in s.log()
+
+
+def test_sigterm_with_an_open_event_stream_exits_promptly(serve: Any):
+    s = serve()
+    if httpx.get(s.url + "/openapi.json").json()["paths"].get("/v1/stream") is None:
+        pytest.skip("no /v1/stream in this installation")
+    with socket.create_connection(("127.0.0.1", s.port), timeout=20) as conn:
+        conn.sendall(b"GET /v1/stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        received = b""
+        while b"data:" not in received:
+            chunk = conn.recv(4096)
+            assert chunk, "stream closed before the first event"
+            received += chunk
+        t0 = time.monotonic()
+        assert s.stop() in (0, -15)  # -9 would mean stop() had to kill it
+        assert time.monotonic() - t0 < 10
