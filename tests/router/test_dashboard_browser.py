@@ -14,6 +14,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import pytest
 import uvicorn
 
 from router.api import create_app
-from router.api.stream import close_streams_soon
+from router.api.stream import close_streams_on_exit
 from router.config import RouterSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,6 +141,7 @@ class RouterThread:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False)
         self.server = uvicorn.Server(config)
+        close_streams_on_exit(self.server, self.app)  # an open page must not hold shutdown
         self.thread = threading.Thread(
             target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True
         )
@@ -148,8 +150,7 @@ class RouterThread:
         assert self.thread.is_alive(), "router exited at start-up"
 
     def stop(self) -> None:
-        close_streams_soon(self.app.state.stream_hub)  # an open page must not hold shutdown
-        self.server.should_exit = True
+        self.server.handle_exit(signal.SIGTERM, None)  # as `kill` would (no re-raise: not main)
         self.thread.join(DEADLINE_S)
         self.sock.close()
         assert not self.thread.is_alive(), "router did not stop"

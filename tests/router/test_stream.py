@@ -8,7 +8,9 @@ import contextlib
 import io
 import json
 import logging
+import signal
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -21,7 +23,7 @@ from fastapi.responses import StreamingResponse
 
 from publisher.zmq_publisher import ZmqEventPublisher
 from router.api import create_app
-from router.api.stream import close_streams_soon
+from router.api.stream import close_streams_on_exit, close_streams_soon
 from router.config import RouterSettings
 from router.logging_setup import configure_logging, event_extra
 from router.stream import StreamHub, TooManyClients, sse_message
@@ -232,6 +234,40 @@ async def test_close_ends_open_streams_promptly():
             hub.subscribe()
 
 
+def test_uvicorn_exit_hook_ends_streams_so_shutdown_is_prompt():
+    """uvicorn waits for open responses before shutting down; an SSE response never ends
+    by itself, so the signal handler must close the streams first. (The server runs in a
+    thread, as a signal handler would reach it from outside the event loop; uvicorn only
+    re-raises captured signals when it owns the main thread.)"""
+    hub = StreamHub(Counting(), period_s=30.0)
+    app = tiny_app(hub)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    close_streams_on_exit(server, app)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # A raw socket: the client keeps the stream open and never closes it itself.
+        with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as client:
+            client.sendall(b"GET /s HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+            received = b""
+            while b"data:" not in received:
+                received += client.recv(4096)
+            server.handle_exit(signal.SIGTERM, None)  # what SIGTERM runs
+            thread.join(DEADLINE_S)
+            assert not thread.is_alive(), "uvicorn still waits for the stream"
+    finally:
+        server.should_exit = True
+        thread.join(DEADLINE_S)
+        sock.close()
+    assert hub.clients == 0
+
+
 async def test_failing_summary_is_logged_once_and_stream_recovers(
     caplog: pytest.LogCaptureFixture,
 ):
@@ -359,8 +395,8 @@ async def test_router_stream_summary_dashboard_and_logs(publisher: Any, json_log
                 workers = data["workers"]
                 if workers and workers[0]["last_seq"].get("0") == 199:
                     final = data
+                    metrics = (await client.get("/metrics")).text  # while still listening
                     break
-            metrics = (await client.get("/metrics")).text
         w = final["workers"][0]
         assert w["worker_id"] == "w0" and w["state"] == "connected"
         groups = {g["group_idx"]: g for g in w["groups"]}
