@@ -98,8 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from router.api import create_app
+    from router.service import InvalidEndpoint, WorkerExists
 
-    app = create_app(settings=settings)
+    try:
+        app = create_app(settings=settings)
+    except (InvalidEndpoint, WorkerExists, ValueError) as exc:
+        kind = "duplicate worker id" if isinstance(exc, WorkerExists) else "invalid settings"
+        print(f"kvroute serve: {kind}: {exc}", file=sys.stderr)
+        return 2
     log.info(
         "kvroute serve on http://%s:%d (index=%s, workers=%d)",
         settings.host,

@@ -168,12 +168,15 @@ def test_redis_index_from_flags(serve: Any, redis_url: str):
         (["--worker", "nonsense"], {}),
         (["--index", "memory"], {"KVROUTE_MAX_REQUEST_TOKENS": "lots"}),
         (["--config", "/nonexistent/router.yaml"], {}),
+        (["--worker", "w=tcp://*:5557"], {}),  # the engine's bind form: not connectable
+        (["--worker", "w=tcp://127.0.0.1:1", "--worker", "w=tcp://127.0.0.1:2"], {}),
     ],
 )
 def test_invalid_settings_exit_2(args: list[str], env: dict[str, str], tmp_path: Path):
     s = Serve(args, env, tmp_path)
     assert s.proc.wait(timeout=30) == 2
-    assert "invalid settings" in s.log()
+    assert "invalid settings" in s.log() or "duplicate worker id" in s.log()
+    assert "Traceback" not in s.log()
 
 
 def test_sigterm_with_an_open_event_stream_exits_promptly(serve: Any):
