@@ -8,11 +8,13 @@ import contextlib
 import io
 import json
 import logging
+import re
 import signal
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -427,6 +429,28 @@ async def test_router_stream_summary_dashboard_and_logs(publisher: Any, json_log
     assert lines and all({"ts", "level", "logger", "msg"} <= set(r) for r in lines)
     assert any("w0" in r["msg"] and "registered" in r["msg"] for r in lines)
     assert len(lines) < 30, [r["msg"] for r in lines]
+
+
+async def test_every_exported_metric_is_documented():
+    """The observability README fragment lists every ``kvroute_*`` family /metrics exports."""
+    root = Path(__file__).resolve().parents[2]
+    fragment = (root / "docs/readme/observability.md").read_text()
+    readme = (root / "README.md").read_text() if (root / "README.md").exists() else ""
+    names = re.compile(r"`(kvroute_[a-z_]+)`")
+    in_fragment = set(names.findall(fragment))
+    documented = in_fragment | set(names.findall(readme))
+    app = create_app(settings=RouterSettings())
+    async with served(app) as client:
+        text = (await client.get("/metrics")).text
+    exported = {
+        line.split()[2]
+        for line in text.splitlines()
+        if line.startswith("# TYPE kvroute_") and not line.split()[2].endswith("_created")
+    }
+    assert len(exported) > 30
+    assert exported <= documented, f"undocumented: {sorted(exported - documented)}"
+    stale = sorted(in_fragment - exported)
+    assert not stale, f"documented, not exported: {stale}"
 
 
 def test_text_and_json_log_formats():
