@@ -38,7 +38,7 @@ from router.index.base import (
     StoreOp,
     WorkerState,
 )
-from schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from schemas.rest import GroupInfo
 
 log = logging.getLogger(__name__)
@@ -206,9 +206,11 @@ class Ingestor:
         wanted: dict[int, set[EngineHash]] = {}
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                if not ev.token_ids:
+                if not ev.token_ids or ev.medium not in (None, MEDIUM_GPU):
+                    # Offload-tier stores copy blocks the map usually names already, even
+                    # when their parent has gone from every tier since.
                     wanted.setdefault(ev.block_size, set()).update(ev.block_hashes)
-                elif ev.parent_block_hash is not None:
+                if ev.token_ids and ev.parent_block_hash is not None:
                     wanted.setdefault(ev.block_size, set()).add(ev.parent_block_hash)
         for bs, hashes in wanted.items():
             local = known.setdefault(bs, {})
@@ -269,20 +271,17 @@ class Ingestor:
         local = known.setdefault(bs, {})
         g = ev.group_idx if ev.group_idx is not None else 0
         tokens = ev.token_ids
-        if not tokens:
-            # Offload-tier stores carry no tokens: only the map can name these blocks.
-            pairs = [(h, local.get(h)) for h in hashes]
-            hs = [h for h, k in pairs if k is not None]
-            if len(hs) < n:
-                c.unresolved_blocks += n - len(hs)
-            if hs:
-                ops.append(StoreOp(g, bit, hs, [k for _, k in pairs if k is not None]))
-            return
-        if len(tokens) != n * bs:
+        if tokens and len(tokens) != n * bs:
             self._bad("token_ids length is not len(block_hashes) * block_size")
             return
+        keys = list(map(local.get, hashes))
+        if None not in keys:  # the map (or a group of this block size) named them all
+            ops.append(StoreOp(g, bit, list(hashes), keys))
+            return
         parent_hash = ev.parent_block_hash
-        if parent_hash is None:
+        parent: bytes | None = None
+        others = None
+        if tokens and parent_hash is None:
             extra = split_extra_keys(ev.extra_keys, n, ev.lora_name)
             parent = root_digest(extra.lora_name, extra.cache_salt)
             others = extra.others
@@ -290,15 +289,22 @@ class Ingestor:
                 first = ev.extra_keys[0] if ev.extra_keys else None
                 algo = detect_engine_hash(hashes[0], tokens[:bs], first)
                 state.hash_mode = "engine" if algo is not None else "canonical"
-        else:
+        elif tokens:
             parent_key = local.get(parent_hash)
-            if parent_key is None:
-                c.unknown_parent += n
-                return
-            parent = key_bytes(parent_key)
-            others = split_extra_keys(ev.extra_keys, n, ev.lora_name).others
-        keys = list(map(local.get, hashes))
-        if None in keys:  # else another group of this block size just named these blocks
-            keys = chain_keys(parent, tokens, bs, n, others)
-            local.update(zip(hashes, keys, strict=True))
+            if parent_key is not None:
+                parent = key_bytes(parent_key)
+                others = split_extra_keys(ev.extra_keys, n, ev.lora_name).others
+        if parent is None:
+            # No tokens (vLLM's offload connector) or a parent never seen: only blocks the
+            # map already names can be placed; the rest is counted, not guessed.
+            hs = [h for h, k in zip(hashes, keys, strict=True) if k is not None]
+            if tokens:
+                c.unknown_parent += n - len(hs)
+            else:
+                c.unresolved_blocks += n - len(hs)
+            if hs:
+                ops.append(StoreOp(g, bit, hs, [k for k in keys if k is not None]))
+            return
+        keys = chain_keys(parent, tokens, bs, n, others)
+        local.update(zip(hashes, keys, strict=True))
         ops.append(StoreOp(g, bit, list(hashes), keys))

@@ -5,8 +5,8 @@ retries) and a score fetches every worker's membership with one pipelined script
 per worker (one round trip; cluster-ready because each call stays in its worker's slot).
 Key layout: ``router.index.redis_lua``. Engine hash -> key lookups needed *before* a batch
 (parents of stores from earlier batches) go through a bounded local cache of mappings
-this process wrote or read -- mappings never change meaning, so the cache is never
-stale, only incomplete -- and one ``HMGET`` for the misses.
+this process wrote or read (a removal evicts its hashes, since the server may drop their
+map entries; the cache then answers exactly like the map) and one ``HMGET`` for misses.
 
 Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 """
@@ -133,6 +133,14 @@ class RedisIndex(IndexBackend):
         cache.update(pairs)
         self._cached += len(cache) - before
 
+    def _unremember(self, worker_id: str, bs: int, hashes: Sequence[EngineHash]) -> None:
+        cache = self._cache.get((worker_id, bs))
+        if cache:
+            before = len(cache)
+            for h in hashes:
+                cache.pop(h, None)
+            self._cached -= before - len(cache)
+
     def _forget(self, worker_id: str) -> None:
         for key in [k for k in self._cache if k[0] == worker_id]:
             self._cached -= len(self._cache.pop(key))
@@ -252,6 +260,8 @@ class RedisIndex(IndexBackend):
             store = isinstance(op, StoreOp)
             if isinstance(op, StoreOp):
                 self._remember(worker_id, bs, dict(zip(op.hashes, op.keys, strict=True)))
+            else:  # the server may drop these map entries: ask it again when needed
+                self._unremember(worker_id, bs, op.hashes)
             for lo in range(0, len(op.hashes), _OP_CHUNK):  # Lua's unpack() has a limit
                 hashes = [encode_hash(h) for h in op.hashes[lo : lo + _OP_CHUNK]]
                 args += [1 if store else 2, op.group, bs, op.medium_bit, len(sibs), *sibs]

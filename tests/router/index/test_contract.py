@@ -263,3 +263,21 @@ async def test_redis_restarted_router_serves_the_same_state(redis_url: str) -> N
     finally:
         await first.index.close()
         await second.index.close()
+
+
+async def test_offload_store_of_a_known_block_needs_no_parent(harness: Harness) -> None:
+    """Our engine re-links CPU stores into chains; a parent evicted from every tier
+    must not hide a child the map still names."""
+    src = EventSource()
+    toks = tokens(5 * BS + 1)
+    await harness.feed(W, src.store(toks, BS, 0, 5))
+    await harness.feed(W, src.remove(toks, BS, [2]))  # gone everywhere: map entry dropped
+    await harness.feed(W, src.store(toks, BS, 3, 4, medium="CPU"))
+    c = harness.ingestor.counters
+    assert (c.unknown_parent, c.blocks_stored) == (0, 6)
+    assert (await harness.ingestor.worker_groups(W))[0].blocks_by_medium == {"GPU": 4, "CPU": 1}
+    # A child of the evicted block that the map never saw cannot be placed.
+    other = src.store(toks, BS, 3, 4, medium="CPU")
+    other.block_hashes = [12345]
+    await harness.feed(W, other)
+    assert c.unknown_parent == 1
