@@ -43,16 +43,28 @@ def bind_retrying(
             time.sleep(0.02)
 
 
+def bind_on_free_ports(
+    make: Callable[[int, int], ZmqEventPublisher],
+) -> tuple[ZmqEventPublisher, int, int]:
+    """``make(port, replay_port)`` on fresh port pairs until one binds (another process
+    may take a port between our probe and the bind)."""
+    for _ in range(20):
+        port, rport = free_port_pair(), free_port_pair()
+        try:
+            return make(port, rport), port, rport
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE:
+                raise
+    raise RuntimeError("no free ports to bind")
+
+
 def test_dp_rank_offsets_both_ports(
     ctx: zmq.Context,
     make_pub: Callable[..., ZmqEventPublisher],
     closing: Callable[[zmq.Socket], zmq.Socket],
 ) -> None:
-    port, rport = free_port_pair(), free_port_pair()
-    pub = bind_retrying(
-        lambda: make_pub(
-            f"tcp://*:{port}", replay_endpoint=f"tcp://*:{rport}", data_parallel_rank=1
-        )
+    pub, port, rport = bind_on_free_ports(
+        lambda p, r: make_pub(f"tcp://*:{p}", replay_endpoint=f"tcp://*:{r}", data_parallel_rank=1)
     )
     assert pub.endpoint == f"tcp://*:{port + 1}"
     assert pub.replay_endpoint == f"tcp://*:{rport + 1}"
@@ -76,12 +88,15 @@ def test_new_publisher_restarts_at_seq_zero(
     closing: Callable[[zmq.Socket], zmq.Socket],
 ) -> None:
     """Same endpoint, new instance (an engine restart): the SUB sees seq go back to 0."""
-    port, rport = free_port_pair(), free_port_pair()
+
+    def make_on(p: int, r: int) -> ZmqEventPublisher:
+        return make_pub(f"tcp://*:{p}", replay_endpoint=f"tcp://*:{r}", topic="w")
+
+    first, port, rport = bind_on_free_ports(make_on)
 
     def make() -> ZmqEventPublisher:
-        return make_pub(f"tcp://*:{port}", replay_endpoint=f"tcp://*:{rport}", topic="w")
+        return make_on(port, rport)
 
-    first = bind_retrying(make)
     sub = closing(subscribe(ctx, f"tcp://127.0.0.1:{port}"))
     for i in range(1000):
         first.publish(batch(i))
