@@ -73,7 +73,10 @@ def install(app: FastAPI, service: RouterService, *, period_s: float | None = No
         period_s = float(getattr(service.settings, "stream_period_s", DEFAULT_PERIOD_S))
     hub = StreamHub(SummaryBuilder(service).build, period_s=period_s)
     app.state.stream_hub = hub
-    service.metrics.registry.register(_StreamCollector(hub))
+    try:
+        service.metrics.registry.register(_StreamCollector(hub))
+    except ValueError:  # the same service behind a second app: its first hub is exported
+        log.debug("stream metrics already registered")
 
     async def close_at_stop() -> None:
         try:

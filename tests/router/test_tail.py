@@ -287,3 +287,36 @@ def test_cli_subprocess_json(engine: FakeEngine):
 def test_from_seq_requires_replay():
     with pytest.raises(SystemExit):
         tail.main(["tcp://127.0.0.1:1", "--from-seq", "3"])
+
+
+def test_replays_history_from_our_publisher(capsys: pytest.CaptureFixture[str]):
+    """Against the project's own ``ZmqEventPublisher``: batches published before the tail
+    started come back through its replay socket, then the stream continues in order (a
+    live batch lost while the subscription was being set up is fetched by replay too)."""
+    from publisher.zmq_publisher import ZmqEventPublisher
+
+    pub = ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", topic="kv@w")
+    try:
+        payloads = [frames[2] for frames in LIVE]
+        for payload in payloads[:3]:
+            pub.publish(decode_batch(payload))
+        deadline = time.monotonic() + 20
+        while pub.counters()["published"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        argv = [pub.bound_endpoint, "--replay", pub.bound_replay_endpoint, "--from-seq", "1"]
+        runner = TailThread([*argv, "--json", "--count", "3"])
+        # Keep publishing until the tail has its three batches (seq 1, 2 replayed, then 3).
+        i = 3
+        while runner.rc is None and time.monotonic() < deadline:
+            pub.publish(decode_batch(payloads[i % len(payloads)]))
+            i += 1
+            time.sleep(0.05)
+        rc = runner.join()
+    finally:
+        pub.shutdown()
+    assert rc == 0
+    records = [json.loads(line) for line in _lines(capsys.readouterr().out)]
+    seqs = [r["seq"] for r in records if "seq" in r]
+    assert seqs == [1, 2, 3]
+    assert all(r["topic"] == "kv@w" for r in records if "seq" in r)
+    assert [r["replayed"] for r in records if "seq" in r][:2] == [True, True]
