@@ -261,7 +261,7 @@ async def _caught_up(c: httpx.AsyncClient, eng: httpx.AsyncClient) -> None:
 
 
 async def test_memory_and_redis_score_identically_and_redis_survives_restart(redis_url: str):
-    engine = FakeEngine()
+    engines = {"w0": FakeEngine(), "w1": FakeEngine()}
     services = [
         RouterService(settings()),
         RouterService(settings(index="redis", redis_url=redis_url)),
@@ -269,38 +269,69 @@ async def test_memory_and_redis_score_identically_and_redis_survives_restart(red
     try:
         for svc in services:
             await svc.start()
-            await svc.add_worker(WorkerSpec(**engine.spec("w0")))
-        await engine.wait_subscribed(2)
-        await wait_until(lambda: len(engine.replay_requests) == 2, what="start-up replays")
-        # A hybrid stream: full attention + sliding window (2 blocks), CPU offload, removals.
-        toks = list(range(64))
-        hs = [101, 102, 103, 104]
+            for wid, eng in engines.items():
+                await svc.add_worker(WorkerSpec(**eng.spec(wid)))
+        for eng in engines.values():
+            await eng.wait_subscribed(2)
+            await wait_until(lambda e=eng: len(e.replay_requests) == 2, what="catch-up replays")
+        toks = list(range(96))
         full = dict(block_size=16, group=0, kind="full_attention")
-        swa = dict(block_size=16, group=1, kind="sliding_window", window=32)
-        await engine.publish(batch(stored(hs, toks, **full), stored(hs, toks, **swa)))
-        await engine.publish(batch(removed([101], group=1)))  # left the window: no loss
-        await engine.publish(batch(stored(hs[:2], [], **full, medium="CPU")))
-        await engine.publish(batch(removed([101, 102], group=0)))
+        swa = dict(block_size=16, group=1, kind="sliding_window", window=32)  # 2 blocks
+        mamba = dict(block_size=16, group=2, kind="mamba")
+        # w0: full + SWA; SWA block 0 evicted (outside the window later); blocks 0-1
+        # offloaded to CPU and then evicted from GPU.
+        e0 = engines["w0"]
+        hs = [101, 102, 103, 104]
+        await e0.publish(batch(stored(hs, toks[:64], **full), stored(hs, toks[:64], **swa)))
+        await e0.publish(batch(removed([101], group=1)))
+        await e0.publish(batch(stored(hs[:2], [], **full, medium="CPU")))
+        await e0.publish(batch(removed([101, 102], group=0)))
+        # w1: full + SWA with a hole (block 3) + mamba states at 32 and 64 tokens.
+        e1 = engines["w1"]
+        h1 = [201, 202, 203, 204, 205, 206]
+        await e1.publish(batch(stored(h1, toks, **full), stored(h1, toks, **swa)))
+        await e1.publish(batch(removed([204], group=1)))
+        await e1.publish(
+            batch(
+                stored([202], toks[16:32], parent=201, **mamba),
+                stored([204], toks[48:64], parent=203, **mamba),
+            )
+        )
         for svc in services:
-            sub = svc.subscriptions.get("w0")
-            assert sub is not None
-            await wait_until(lambda s=sub: s.last_seq.get(0) == 3, what="both routers caught up")
-        requests = [[*toks[:n], 999] for n in (16, 32, 48, 64)] + [toks[:17], list(range(9))]
-        answers = [[(await svc.score(r)).model_dump() for r in requests] for svc in services]
-        assert answers[0] == answers[1]
-        hits = [(w["hit_tokens"], w["hit_tokens_gpu"]) for a in answers[0] for w in a["workers"]]
-        # GPU copies of blocks 0-1 evicted, CPU copies remain: a hit on any tier only.
-        assert hits[2:4] == [(48, 0), (64, 0)]
-        assert any(h[0] > 0 for h in hits)
-        redis_answers = answers[1]
+            for wid, last in (("w0", 3), ("w1", 2)):
+                sub = svc.subscriptions.get(wid)
+                assert sub is not None
+                await wait_until(lambda s=sub, n=last: s.last_seq.get(0) == n, what="caught up")
+        requests = [[*toks[:n], 999] for n in (16, 32, 48, 64, 96)] + [toks[:17], list(range(9))]
+
+        async def answers(svc: RouterService) -> list[Any]:
+            return [(await svc.score(r, [w])).model_dump() for r in requests for w in engines]
+
+        got = [await answers(svc) for svc in services]
+        assert got[0] == got[1]
+        hits = {
+            (a["workers"][0]["worker_id"], a["request_tokens"]): (
+                a["workers"][0]["hit_tokens"],
+                a["workers"][0]["hit_tokens_gpu"],
+            )
+            for a in got[0]
+        }
+        # GPU copies of w0's blocks 0-1 evicted, CPU copies remain: hits on any tier only;
+        # its evicted SWA block 0 is outside the window at 48 and 64 tokens.
+        assert hits["w0", 49] == (48, 0) and hits["w0", 65] == (64, 0)
+        # w1: the SWA hole at block 3 and mamba states only at 32/64 pull the hit to 32.
+        assert hits["w1", 97] == (32, 32) and hits["w1", 65] == (32, 32)
+        assert hits["w1", 17] == (0, 0)  # no mamba state at 16 tokens
         await services[1].stop()
         # A new router on the same Redis answers the same without re-ingesting anything.
         again = RouterService(settings(index="redis", redis_url=redis_url, replay_on_connect=False))
         services[1] = again
         await again.start()
-        await again.add_worker(WorkerSpec(worker_id="w0", endpoint="tcp://127.0.0.1:9"))
-        assert [(await again.score(r)).model_dump() for r in requests] == redis_answers
+        for wid in engines:
+            await again.add_worker(WorkerSpec(worker_id=wid, endpoint="tcp://127.0.0.1:9"))
+        assert await answers(again) == got[1]
     finally:
         for svc in services:
             await svc.stop()
-        await engine.close()
+        for eng in engines.values():
+            await eng.close()
