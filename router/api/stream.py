@@ -17,13 +17,13 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from router.api.deps import ApiError
+from router.api.deps import ApiError, require_read_key
 from router.stream import StreamHub, SummaryBuilder, TooManyClients
 from schemas.rest import ErrorResponse
 
@@ -94,10 +94,12 @@ def install(app: FastAPI, service: RouterService, *, period_s: float | None = No
         response_class=StreamingResponse,
         responses={
             200: {"content": {"text/event-stream": {}}},
+            401: {"model": ErrorResponse, "description": "API key missing (with api_key_all)"},
             503: {"model": ErrorResponse, "description": "too many stream clients"},
         },
+        dependencies=[Depends(require_read_key)],
     )
-    async def stream(request: Request) -> StreamingResponse:
+    async def stream() -> StreamingResponse:
         try:
             sub = hub.subscribe()
         except TooManyClients as exc:

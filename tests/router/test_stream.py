@@ -89,9 +89,11 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, int |
                 data.append(value)
 
 
-async def read_n(client: httpx.AsyncClient, n: int, path: str = "/s") -> list[tuple[int, Any]]:
+async def read_n(
+    client: httpx.AsyncClient, n: int, path: str = "/s", headers: dict[str, str] | None = None
+) -> list[tuple[int, Any]]:
     out = []
-    async with client.stream("GET", path) as r:
+    async with client.stream("GET", path, headers=headers) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         async for event, msg_id, data in sse_events(r):
@@ -429,6 +431,50 @@ async def test_router_stream_summary_dashboard_and_logs(publisher: Any, json_log
     assert lines and all({"ts", "level", "logger", "msg"} <= set(r) for r in lines)
     assert any("w0" in r["msg"] and "registered" in r["msg"] for r in lines)
     assert len(lines) < 30, [r["msg"] for r in lines]
+
+
+async def test_stream_keeps_flowing_through_a_redis_outage(
+    publisher: Any, redis_factory: Callable[[], Any]
+):
+    """With the Redis index: blocks are counted from Redis; when Redis dies the summary
+    says the index is down and the stream goes on (no crash, no stuck client)."""
+    redis = redis_factory()
+    app = create_app(settings=RouterSettings(index="redis", redis_url=redis.url))
+    hub: StreamHub = app.state.stream_hub
+    hub.period_s = 0.1
+    service = app.state.service
+    spec = {"worker_id": "w0", "endpoint": publisher.bound_endpoint}
+    async with served(app) as client:
+        assert (await client.post("/v1/workers", json=spec)).status_code == 201
+        await wait_until(lambda: service.subscriptions.get("w0").state == "connected", "w0")
+        publisher.publish(
+            KVEventBatch(ts=time.time(), events=[_stored([7, 8, 9], 0, "full_attention")])
+        )
+        seen_up = seen_down = False
+        async with client.stream("GET", "/v1/stream") as r:
+            async for _event, _id, data in sse_events(r):
+                if not seen_up:
+                    if data["workers"] and data["workers"][0]["blocks"] == {"GPU": 3}:
+                        assert data["index"]["kind"] == "redis" and data["index"]["up"]
+                        assert data["index"]["entries"] == 3
+                        seen_up = True
+                        redis.stop()
+                elif not data["index"]["up"]:
+                    assert data["workers"][0]["worker_id"] == "w0"
+                    seen_down = True
+                    break
+        assert seen_up and seen_down
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_stream_honours_api_key_all():
+    app = create_app(settings=RouterSettings(api_key="k", api_key_all=True))
+    async with served(app) as client:
+        r = await client.get("/v1/stream")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert (await client.get("/")).status_code == 200  # the page itself is static
+        got = await read_n(client, 1, "/v1/stream", headers={"X-API-Key": "k"})
+        assert got[0][1]["totals"]["workers"] == 0
 
 
 async def test_every_exported_metric_is_documented():
