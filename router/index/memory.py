@@ -33,15 +33,21 @@ from router.index.base import (
 )
 
 _BIT_SLOT = {1: 0, 2: 1, 4: 2}
+# Mappings of removed blocks kept per (worker, block size), in two generations of at most
+# this many: an engine may chain a new block from a parent that left every tier (a
+# sliding-window block, an evicted prefix), and only the mapping can name that parent.
+GHOST_ENTRIES = 65_536
 _INT_BYTES = sys.getsizeof(2**63)
 
 
 class _Worker:
-    __slots__ = ("counts", "entries", "maps", "plan", "slot", "state")
+    __slots__ = ("counts", "entries", "ghosts", "maps", "plan", "slot", "state")
 
     def __init__(self, state: WorkerState, slot: int) -> None:
         self.slot = slot
         self.maps: dict[int, dict[EngineHash, BlockKey]] = {}
+        # Per block size, mappings of blocks gone from every tier: [newer, older].
+        self.ghosts: dict[int, list[dict[EngineHash, BlockKey]]] = {}
         self.counts: dict[int, list[int]] = {}  # group -> blocks per medium
         self.entries: dict[int, int] = {}  # group -> keys held on any medium
         self.set_state(state)
@@ -58,7 +64,8 @@ class MemoryIndex(IndexBackend):
 
     kind = "memory"
 
-    def __init__(self) -> None:
+    def __init__(self, ghost_entries: int = GHOST_ENTRIES) -> None:
+        self._ghost_cap = ghost_entries
         self._workers: dict[str, _Worker] = {}
         self._tables: dict[int, dict[BlockKey, int]] = {}
         self._free: list[int] = []
@@ -118,9 +125,15 @@ class MemoryIndex(IndexBackend):
     ) -> list[BlockKey | None]:
         w = self._workers.get(worker_id)
         emap = w.maps.get(block_size) if w is not None else None
-        if not emap:
-            return [None] * len(hashes)
-        return list(map(emap.get, hashes))
+        out = list(map(emap.get, hashes)) if emap else [None] * len(hashes)
+        ghosts = w.ghosts.get(block_size) if w is not None else None
+        if ghosts and None in out:
+            new, old = ghosts
+            out = [
+                k if k is not None else new.get(h, old.get(h))
+                for h, k in zip(hashes, out, strict=True)
+            ]
+        return out
 
     async def apply(
         self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
@@ -184,11 +197,21 @@ class MemoryIndex(IndexBackend):
                     fresh += 1
                     if not any(s.get(k, 0) & own for s in siblings):
                         del emap[h]
+                        self._ghost(w, bs, h, k)
             res.removed += new
             res.removed_missing += len(op.hashes) - new
             counts[_BIT_SLOT[op.medium_bit]] -= new
             w.entries[g] = w.entries.get(g, 0) - fresh
         return res
+
+    def _ghost(self, w: _Worker, bs: int, h: EngineHash, k: BlockKey) -> None:
+        gens = w.ghosts.get(bs)
+        if gens is None:
+            gens = w.ghosts[bs] = [{}, {}]
+        gens[0][h] = k
+        if len(gens[0]) >= self._ghost_cap:  # a new generation; the oldest goes
+            gens[1] = gens[0]
+            gens[0] = {}
 
     def _clear(self, w: _Worker) -> None:
         """Drop the worker's bits; its maps name every key it holds (whatever the block
@@ -208,6 +231,7 @@ class MemoryIndex(IndexBackend):
                     else:
                         del t[k]
         w.maps.clear()
+        w.ghosts.clear()
         w.counts.clear()
         w.entries.clear()
 

@@ -39,6 +39,7 @@ from router.index.base import (
     WorkerSnapshot,
     WorkerState,
 )
+from router.index.memory import GHOST_ENTRIES
 
 NAMESPACE = "kvroute:"
 WORKERS_KEY = NAMESPACE + "workers"
@@ -87,8 +88,10 @@ class RedisIndex(IndexBackend):
         socket_timeout: float = 2.0,
         connect_timeout: float = 1.0,
         cache_entries: int = 1_000_000,
+        ghost_entries: int = GHOST_ENTRIES,
     ) -> None:
         self.url = url
+        self._ghost_cap = ghost_entries
         self._r = aioredis.Redis.from_url(
             url,
             socket_timeout=socket_timeout,
@@ -214,9 +217,21 @@ class RedisIndex(IndexBackend):
         misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
         if not misses:
             return out
-        name = f"{worker_prefix(worker_id)}e:{block_size}"
-        raw = await self._call(lambda: self._r.hmget(name, [encode_hash(h) for h in misses]))
-        found = {h: int.from_bytes(v, "big") for h, v in zip(misses, raw, strict=True) if v}
+        prefix = worker_prefix(worker_id)
+        fields = [encode_hash(h) for h in misses]
+
+        async def run() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for table in ("e", "t", "u"):  # the map, then newer and older ghosts
+                pipe.hmget(f"{prefix}{table}:{block_size}", fields)
+            return await pipe.execute()
+
+        live, newer, older = await self._call(run)
+        found = {
+            h: int.from_bytes(a or b or c, "big")
+            for h, a, b, c in zip(misses, live, newer, older, strict=True)
+            if a or b or c
+        }
         if found:
             self._remember(worker_id, block_size, found)
         return [k if k is not None else found.get(h) for h, k in zip(hashes, out, strict=True)]
@@ -249,7 +264,7 @@ class RedisIndex(IndexBackend):
         self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
     ) -> list[Any]:
         prefix = worker_prefix(worker_id)
-        args: list[Any] = [prefix]
+        args: list[Any] = [prefix, self._ghost_cap]
         for op in ops:
             if isinstance(op, ClearOp):
                 args.append(3)
@@ -278,7 +293,7 @@ class RedisIndex(IndexBackend):
     async def clear_worker(self, worker_id: str) -> None:
         self._forget(worker_id)
         prefix = worker_prefix(worker_id)
-        await self._eval("APPLY", [prefix + "keys"], [prefix, 3])
+        await self._eval("APPLY", [prefix + "keys"], [prefix, self._ghost_cap, 3])
 
     async def remove_worker(self, worker_id: str) -> None:
         await self.clear_worker(worker_id)
@@ -330,9 +345,9 @@ class RedisIndex(IndexBackend):
 
         try:
             replies = await self._call(run)
-        except NoScriptError:
-            await self._call(lambda: self._script_sha("FETCH", reload=True))
-            return await self.fetch(worker_ids, keys_by_size)
+        except NoScriptError:  # Redis restarted or SCRIPT FLUSH: load it and ask once more
+            sha = await self._call(lambda: self._script_sha("FETCH", reload=True))
+            replies = await self._call(run)
         out: dict[str, WorkerSnapshot | None] = {}
         for w, reply in zip(ids, replies, strict=True):
             if reply is None:

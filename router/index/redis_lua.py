@@ -7,13 +7,15 @@ their key names from the worker prefix (same slot, same node).
 Layout of one worker ``P = kvroute:{w:<id>}:``:
 ``P..'meta'`` hash {state: msgpack metadata, plan: "g,bs,full;..."} ·
 ``P..'g:'..g`` hash key(8 bytes) -> media mask · ``P..'n:'..g`` hash bit -> block count ·
-``P..'e:'..bs`` hash engine hash -> key · ``P..'keys'`` set of the data key names above
+``P..'e:'..bs`` hash engine hash -> key · ``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings
+of blocks gone from every tier (newer / older generation) · ``P..'keys'`` set of the data
+key names above
 (the reverse structure: clearing or deleting a worker unlinks exactly these).
 """
 
 from __future__ import annotations
 
-# KEYS[1] = P..'keys'. ARGV[1] = P. Then a flat op list:
+# KEYS[1] = P..'keys'. ARGV[1] = P, ARGV[2] = ghost generation size. Then a flat op list:
 #   1 (store):  group, bs, bit, nsib, sib groups..., n, hw, hashes, keys
 #   2 (remove): group, bs, bit, nsib, sib groups..., n, hw, hashes
 #   3 (clear)
@@ -23,6 +25,7 @@ from __future__ import annotations
 # Returns {stored, stored_repeat, removed, removed_missing}.
 APPLY = r"""
 local P = ARGV[1]
+local CAP = tonumber(ARGV[2])
 local REV = KEYS[1]
 local stored, repeat_, removed, missing = 0, 0, 0, 0
 local function split(blob, w, n)
@@ -30,7 +33,7 @@ local function split(blob, w, n)
   for j = 0, n - 1 do t[j + 1] = string.sub(blob, j * w + 1, j * w + w) end
   return t
 end
-local i = 2
+local i = 3
 local nargs = #ARGV
 while i <= nargs do
   local op = ARGV[i]
@@ -140,9 +143,23 @@ while i <= nargs do
           end
           local drop = {}
           for _, k in ipairs(gone) do
-            if not held[k] then drop[#drop + 1] = owner[k] end
+            if not held[k] then drop[#drop + 1] = k end
           end
-          if #drop > 0 then redis.call('HDEL', E, unpack(drop)) end
+          if #drop > 0 then
+            local T = P .. 't:' .. bs
+            local hs_ = {}
+            for j, k in ipairs(drop) do hs_[j] = owner[k] end
+            redis.call('HDEL', E, unpack(hs_))
+            redis.call('SADD', REV, T, P .. 'u:' .. bs)
+            local size = redis.call('HLEN', T)
+            for j, k in ipairs(drop) do
+              size = size + redis.call('HSET', T, hs_[j], k)
+              if size >= CAP then  -- a new generation of ghosts; the oldest goes
+                redis.call('RENAME', T, P .. 'u:' .. bs)
+                size = 0
+              end
+            end
+          end
         end
       end
       removed = removed + changed

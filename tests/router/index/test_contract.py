@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from _kv_streams import EventSource, Harness, cleared, new_index, tokens
 
+from router.index import make_index
+
 W = "w1"
 BS = 16
 
@@ -276,8 +278,43 @@ async def test_offload_store_of_a_known_block_needs_no_parent(harness: Harness) 
     c = harness.ingestor.counters
     assert (c.unknown_parent, c.blocks_stored) == (0, 6)
     assert (await harness.ingestor.worker_groups(W))[0].blocks_by_medium == {"GPU": 4, "CPU": 1}
-    # A child of the evicted block that the map never saw cannot be placed.
-    other = src.store(toks, BS, 3, 4, medium="CPU")
-    other.block_hashes = [12345]
-    await harness.feed(W, other)
+    # A parent never announced cannot be named: counted, not guessed.
+    orphan = src.store(toks, BS, 3, 4, medium="CPU")
+    orphan.block_hashes, orphan.parent_block_hash = [12345], 999
+    await harness.feed(W, orphan)
     assert c.unknown_parent == 1
+
+
+async def test_parent_gone_from_every_tier_still_names_its_children(harness: Harness) -> None:
+    """A sliding-window request chains new blocks from an out-of-window parent evicted
+    long ago: the mapping of removed blocks (ghosts) still names it."""
+    src = EventSource()
+    toks = tokens(8 * BS + 1)
+    await harness.feed(W, src.store(toks, BS, 0, 4))
+    await harness.feed(W, src.remove(toks, BS, range(4)))
+    assert (await harness.index.stats())["map_entries"] == 0
+    await harness.feed(W, src.store(toks, BS, 4, 8))
+    assert harness.ingestor.counters.unknown_parent == 0
+    assert (await harness.one(toks, W)).hit_tokens == 0  # blocks 0-3 are gone
+    await harness.feed(W, src.store(toks, BS, 0, 4))
+    assert (await harness.one(toks, W)).hit_tokens == 128
+
+
+async def test_ghost_mappings_are_bounded_in_two_generations(
+    backend_kind: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("redis_url") if backend_kind == "redis" else None
+    h = Harness.build(make_index(backend_kind, url, ghost_entries=2))
+    src = EventSource()
+    toks = tokens(6 * BS + 1)
+    try:
+        await h.feed(W, src.store(toks, BS, 0, 6))
+        for i in range(4):  # ghosts: {0, 1} -> older generation, then {2, 3} replaces it
+            await h.feed(W, src.remove(toks, BS, [i]))
+        await h.feed(W, src.store(toks, BS, 2, 3))  # parent 1 forgotten
+        await h.feed(W, src.store(toks, BS, 3, 4))  # parent 2 remembered
+        assert h.ingestor.counters.unknown_parent == 1
+        groups = await h.ingestor.worker_groups(W)
+        assert groups[0].blocks_by_medium == {"GPU": 3}
+    finally:
+        await h.index.close()

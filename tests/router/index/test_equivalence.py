@@ -152,3 +152,19 @@ async def test_redis_down_raises_index_unavailable(redis_factory) -> None:  # ty
             await h.ingestor.worker_groups("w")
     finally:
         await h.index.close()
+
+
+async def test_redis_survives_a_script_flush(redis_url: str, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """Scripts vanish on a Redis restart or SCRIPT FLUSH; both paths load them again."""
+    h = Harness.build(new_index("redis", redis_url))
+    src = EventSource()
+    toks = tokens(4 * 16 + 1)
+    try:
+        await h.feed("w", src.store(toks, 16, 0, 2))
+        assert (await h.one(toks, "w")).hit_tokens == 32
+        redis_server.client().script_flush()
+        await h.feed("w", src.store(toks, 16, 2, 4))
+        redis_server.client().script_flush()
+        assert (await h.one(toks, "w")).hit_tokens == 64
+    finally:
+        await h.index.close()
