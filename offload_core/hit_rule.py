@@ -66,64 +66,108 @@ def max_candidate(request_tokens: int, step: int) -> int:
     return ((request_tokens - 1) // step) * step
 
 
+# bytes.translate table: cached (non-zero) -> 0, missing (zero) -> 1.
+_INVERT = bytes([1] + [0] * 255)
+
+
+def as_mask(cached: Sequence[bool] | bytes | bytearray) -> bytes:
+    """``cached`` as bytes (non-zero = cached), so scans run in C (``find``/``rfind``)."""
+    if isinstance(cached, bytes):
+        return cached
+    if isinstance(cached, bytearray):
+        return bytes(cached)
+    return bytes(map(bool, cached))
+
+
 class GroupAcceptor:
-    """Answers "does this group accept a hit ending at block ``e``?" in O(1).
+    """Answers "does this group accept a hit ending at block ``e``?" and jumps to the
+    next acceptable position below a rejected one.
 
     ``cached[i]`` says whether the group's block ``i`` (tokens ``[i*b, (i+1)*b)``) is
-    cached. Built once per (request, worker, group) in O(len(cached)).
+    cached: bools, or bytes where non-zero means cached (the router passes tier bitmasks).
+    Every check is a C-level bytes scan, so building an acceptor costs no Python loop --
+    the scorer builds one per (request, worker, group, tier).
     """
 
-    __slots__ = ("_cached", "_prefix", "_rule", "_runs", "_window")
+    __slots__ = ("_b", "_hits", "_mask", "_prefix", "_rule", "_window")
 
-    def __init__(self, spec: GroupSpec, cached: Sequence[bool]) -> None:
+    def __init__(self, spec: GroupSpec, cached: Sequence[bool] | bytes | bytearray) -> None:
         self._rule = spec.rule
-        self._cached = cached
+        self._b = spec.block_size
+        self._mask = mask = as_mask(cached)
         self._window = spec.window_blocks
+        self._hits: bytes | None = None
         if self._rule == "full":
-            prefix = 0
-            for hit in cached:
-                if not hit:
-                    break
-                prefix += 1
-            self._prefix = prefix
-        elif self._rule == "sliding":
-            # runs[e] = length of the run of cached blocks ending just before block e.
-            runs = [0] * (len(cached) + 1)
-            for i, hit in enumerate(cached):
-                runs[i + 1] = runs[i] + 1 if hit else 0
-            self._runs = runs
+            first_miss = mask.find(0)
+            self._prefix = len(mask) if first_miss < 0 else first_miss
 
     def accepts(self, end_block: int) -> bool:
         """True when a hit covering blocks ``[0, end_block)`` is usable by this group."""
         if end_block <= 0:
             return True
-        if end_block > len(self._cached):
+        mask = self._mask
+        if end_block > len(mask):
             return False
         if self._rule == "full":
             return end_block <= self._prefix
         if self._rule == "sliding":
-            return self._runs[end_block] >= min(self._window, end_block)
-        return bool(self._cached[end_block - 1])
+            return mask.rfind(0, max(0, end_block - self._window), end_block) < 0
+        return mask[end_block - 1] != 0
+
+    def _last_hit_before(self, end: int) -> int:
+        """Index of the last cached block below ``end`` (-1 when none): the zero bytes
+        of the inverted mask, found with one C-level ``rfind``."""
+        if self._hits is None:
+            self._hits = self._mask.translate(_INVERT)
+        return self._hits.rfind(0, 0, end)
+
+    def floor(self, p: int, step: int) -> int:
+        """The largest ``p' <= p`` (a multiple of ``step``) this group accepts.
+
+        ``p`` must be a multiple of ``step``, itself a multiple of the block size. Each
+        rejected position jumps past the miss that caused it, so a descent costs one
+        scan per miss met, not one per candidate.
+        """
+        b, mask = self._b, self._mask
+        if self._rule == "full":
+            return min(p, (self._prefix * b) // step * step)
+        while p > 0:
+            end = min(p // b, len(mask))
+            if end < p // b:  # beyond the known blocks: fall back to the last known one
+                p = end * b // step * step
+                continue
+            if self._rule == "sliding":
+                miss = mask.rfind(0, max(0, end - self._window), end)
+                if miss < 0:
+                    return p
+                # A window ending at e' <= miss needs block e'-1 cached, so jump to just
+                # after the last cached block below the miss.
+                p = (self._last_hit_before(miss) + 1) * b // step * step
+            else:
+                if mask[end - 1]:
+                    return p
+                p = (self._last_hit_before(end) + 1) * b // step * step
+        return 0
 
 
-def group_max_hit(spec: GroupSpec, cached: Sequence[bool], limit: int, step: int) -> int:
+def group_max_hit(
+    spec: GroupSpec, cached: Sequence[bool] | bytes | bytearray, limit: int, step: int
+) -> int:
     """This group's own largest acceptable hit (per-group detail; not the answer)."""
-    acceptor = GroupAcceptor(spec, cached)
-    p = limit
-    while p > 0 and not acceptor.accepts(p // spec.block_size):
-        p -= step
-    return max(p, 0)
+    return GroupAcceptor(spec, cached).floor(max(limit, 0) // step * step, step)
 
 
 def longest_hit(
     request_tokens: int,
     groups: Sequence[GroupSpec],
-    cached: Sequence[Sequence[bool]],
+    cached: Sequence[Sequence[bool] | bytes | bytearray],
 ) -> int:
     """Largest ``p`` (tokens) that every group accepts, per the rule above.
 
-    ``cached[g][i]`` tells whether block ``i`` of group ``g`` is cached; lists may be
-    shorter than the request (missing blocks are misses).
+    ``cached[g][i]`` tells whether block ``i`` of group ``g`` is cached (bools, or bytes
+    with non-zero = cached); lists may be shorter than the request (missing blocks are
+    misses). Each group's ``floor`` never drops below the answer, so lowering ``p`` to
+    every group's floor until none moves it reaches exactly the largest common ``p``.
     """
     if not groups:
         return 0
@@ -131,7 +175,10 @@ def longest_hit(
     acceptors = [GroupAcceptor(g, c) for g, c in zip(groups, cached, strict=True)]
     p = max_candidate(request_tokens, step)
     while p > 0:
-        if all(a.accepts(p // g.block_size) for a, g in zip(acceptors, groups, strict=True)):
+        lowest = p
+        for acceptor in acceptors:
+            lowest = acceptor.floor(lowest, step)
+        if lowest == p:
             return p
-        p -= step
+        p = lowest
     return 0
