@@ -30,7 +30,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from router.config import RouterSettings, WorkerSpec
-from router.ingest_retry import IndexRetry
+from router.index_writer import IndexWriter
 from router.logging_setup import event_extra
 from router.replay import ReplayFailed, ReplayFrame, request_replay
 from router.sequencing import SeqTracker, Verdict
@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 
 # Live frames handled per wake-up before yielding to the event loop (API fairness).
 _DRAIN_PER_TURN = 512
-# Events staged before they are written to the index as one merged batch.
-_STAGE_EVENTS = 2048
 # Longest idle wait on the SUB socket before checking for a due catch-up.
 _IDLE_POLL_MS = 250
 # Delay from a TCP connect to the catch-up replay: by then the subscription has reached
@@ -103,15 +101,11 @@ class WorkerSubscription:
         self.ever_connected = False
         self.syncing = False
         self._ctx = ctx
-        self._ingestor = ingestor
         self._settings = settings
         self._seq = SeqTracker()
-        self._retry = IndexRetry(spec.worker_id, settings, self.counters)
+        self._writer = IndexWriter(spec.worker_id, ingestor, settings, self.counters)
         self._logged_decode_error = False
         self._catch_up_at: float | None = None
-        self._staged: list[tuple[int, int, KVEventBatch]] = []
-        self._written: dict[int, int] = {}  # last seq per rank handed to the index
-        self._staged_events = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -152,11 +146,11 @@ class WorkerSubscription:
     @property
     def last_seq(self) -> dict[int, int]:
         """Per DP rank, the last seq whose batch the index has taken."""
-        return dict(self._written)
+        return dict(self._writer.written)
 
     def lag_seconds(self) -> float:
         """How long the batch being applied has waited for the index (0 when none)."""
-        return self._retry.lag_seconds()
+        return self._writer.retry.lag_seconds()
 
     def start(self) -> None:
         name = self.worker_id
@@ -224,7 +218,7 @@ class WorkerSubscription:
                 except zmq.Again:
                     break
                 await self._on_live(frames)
-            await self._flush()
+            await self._writer.flush()
             await asyncio.sleep(0)
 
     async def _catch_up(self) -> None:
@@ -246,7 +240,7 @@ class WorkerSubscription:
         same = bool(got) and got[0].seq == top and hash(got[0].payload) == fingerprint
         if same:
             await self._apply_replayed(got)
-            await self._flush()
+            await self._writer.flush()
             return
         log.warning(
             "worker %s: the publisher's history no longer matches seq %d (restarted while "
@@ -333,7 +327,7 @@ class WorkerSubscription:
                 first = frames[0].seq if frames else None
                 await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
             await self._apply_replayed(frames)
-            await self._flush()
+            await self._writer.flush()
         finally:
             self.syncing = False
 
@@ -376,11 +370,9 @@ class WorkerSubscription:
             why,
             extra=self._event("resync", reason=why),
         )
-        await self._flush()
         self.counters.resyncs += 1
         self._seq.forget_applied()
-        self._written.clear()
-        await self._retry.call(self._ingestor.clear_worker, self.worker_id)
+        await self._writer.clear()
 
     # ------------------------------------------------------------------ apply
     async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
@@ -390,35 +382,10 @@ class WorkerSubscription:
         await self._apply(seq, batch, payload)
 
     async def _apply(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
-        """Stage ``batch`` (it counts as applied from now on); ``_flush`` writes it.
-
-        Why stage: consecutive batches of a backlog go to the index as one merged batch -
-        the same events in the same order (every ingest step is order-exact and
-        idempotent), but one Redis round trip instead of one per batch.
-        """
+        """Count ``batch`` as applied (sequencing) and stage it for the index."""
         rank = batch.data_parallel_rank or 0
         self._seq.mark_applied(rank, seq, hash(payload))
-        self._staged.append((rank, seq, batch))
-        self._staged_events += len(batch.events)
-        if self._staged_events >= _STAGE_EVENTS:
-            await self._flush()
-
-    async def _flush(self) -> None:
-        staged, n_events = self._staged, self._staged_events
-        if not staged:
-            return
-        self._staged, self._staged_events = [], 0
-        if len(staged) == 1:
-            merged = staged[0][2]
-        else:
-            last = staged[-1][2]
-            events = [e for _, _, b in staged for e in b.events]
-            merged = KVEventBatch(last.ts, events, last.data_parallel_rank)
-        if await self._retry.call(self._ingestor.apply_batch, self.worker_id, merged):
-            self.counters.batches += len(staged)
-            self.counters.events += n_events
-        for rank, seq, _ in staged:
-            self._written[rank] = seq
+        await self._writer.stage(rank, seq, batch)
 
     # ------------------------------------------------------------------ decode
     def _decode(self, payload: bytes, seq: int) -> KVEventBatch | None:
