@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Response
@@ -191,21 +191,35 @@ class _RoutingCollector(Collector):
         )
 
 
+def reset_routing(
+    service: RouterService,
+    config: RoutingConfig | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RoutingCore:
+    """Replace the routing state (in-flight table, predictions) with a fresh core, e.g.
+    between the policy runs of ``kvroute demo`` (which also passes its virtual clock);
+    ``config`` defaults to the settings'."""
+    core = RoutingCore(config or routing_config(service.settings), clock=clock)
+    service.routing = core  # type: ignore[attr-defined]
+    collector: _RoutingCollector | None = getattr(service, "_routing_collector", None)
+    if collector is not None:
+        collector.core = core
+    return core
+
+
 def install(app: FastAPI, service: RouterService) -> None:
     """Attach a ``RoutingCore`` to ``service`` and add the routing endpoints to ``app``."""
-    core = RoutingCore(routing_config(service.settings))
-    service.routing = core  # type: ignore[attr-defined]
-    app.state.routing = core
+    core = reset_routing(service)
     app.include_router(router)
-    try:
-        service.metrics.registry.register(_RoutingCollector(core))
-    except ValueError:  # already registered (the same service behind a second app)
-        log.debug("routing metrics already registered")
+    if getattr(service, "_routing_collector", None) is None:
+        collector = _RoutingCollector(core)
+        service.metrics.registry.register(collector)
+        service._routing_collector = collector  # type: ignore[attr-defined]
 
     async def expire_loop() -> None:
         # Lazy expiry runs on every route/finish; this also frees load when idle.
         while True:
             await asyncio.sleep(EXPIRE_INTERVAL_S)
-            core.expire()
+            service.routing.expire()  # type: ignore[attr-defined]
 
     service.add_background(expire_loop)

@@ -9,6 +9,7 @@ Three kinds of sessions, mixed and interleaved in time:
 * ``fanout``: one shared document followed by several sibling questions that arrive
   together -- the burst case the router's predicted entries exist for.
 
+Every prompt opens with one platform-wide preamble and one of a few system prompts.
 Content is built from segments (system prompt, user turn, reply, ...) with unique ids,
 expanded to tokens by :func:`router.workloads.base.segment_tokens`.
 """
@@ -33,6 +34,9 @@ class SyntheticConfig:
     vocab: int = DEFAULT_VOCAB
     mix: tuple[float, float, float] = (0.5, 0.3, 0.2)  # chat, agent, fanout sessions
     session_rate: float = 2.0  # new sessions per second (Poisson)
+    # Every prompt starts with one platform-wide preamble (the hot prefix a router must
+    # not pile onto one worker), then one of a few shared system prompts.
+    preamble_tokens: Span = (256, 512)
     system_prompts: int = 3
     system_tokens: Span = (256, 1024)
     chat_turns: Span = (2, 8)
@@ -64,7 +68,12 @@ class _Builder:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self._next_segment = 1
+        self.preamble = self.segment(cfg.preamble_tokens)
         self.system = [self.segment(cfg.system_tokens) for _ in range(cfg.system_prompts)]
+
+    def head(self) -> list[tuple[int, int]]:
+        """The shared start of a session: the preamble and a random system prompt."""
+        return [self.preamble, self.rng.choice(self.system)]
 
     def segment(self, span: Span) -> tuple[int, int]:
         seg = (self._next_segment, self.rng.randint(*span))
@@ -73,7 +82,7 @@ class _Builder:
 
     def chat(self, start: float, name: str) -> list[_Pending]:
         cfg, rng = self.cfg, self.rng
-        context = [rng.choice(self.system)]
+        context = self.head()
         out: list[_Pending] = []
         t = start
         for _ in range(rng.randint(*cfg.chat_turns)):
@@ -86,7 +95,7 @@ class _Builder:
 
     def agent(self, start: float, name: str) -> list[_Pending]:
         cfg, rng = self.cfg, self.rng
-        context = [rng.choice(self.system), self.segment(cfg.agent_task_tokens)]
+        context = [*self.head(), self.segment(cfg.agent_task_tokens)]
         out: list[_Pending] = []
         t = start
         for _ in range(rng.randint(*cfg.agent_steps)):
@@ -98,7 +107,7 @@ class _Builder:
 
     def fanout(self, start: float, name: str) -> list[_Pending]:
         cfg, rng = self.cfg, self.rng
-        shared = [rng.choice(self.system), self.segment(cfg.doc_tokens)]
+        shared = [*self.head(), self.segment(cfg.doc_tokens)]
         return [
             _Pending(
                 start + i * 1e-3,
