@@ -1,0 +1,128 @@
+"""docker-compose.yml, validated without Docker: structure, commands, ports, healthchecks.
+
+Every ``kvroute`` command is parsed with the real argparse parsers, so a renamed flag or
+subcommand breaks this test instead of the stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from offload_core.engine import build_parser as engine_parser
+from router.cli import SUBCOMMANDS
+from router.config import parse_worker_spec
+from router.serve import build_parser as serve_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+ENGINES = sorted(name for name in SERVICES if name.startswith("engine-"))
+PARSERS = {"serve": serve_parser, "engine": engine_parser}
+
+
+def parse(service: str) -> tuple[str, argparse.Namespace]:
+    """The service's ``kvroute`` subcommand and its parsed flags."""
+    command = SERVICES[service]["command"]
+    assert isinstance(command, list) and all(isinstance(c, str) for c in command)
+    sub, *rest = command
+    assert sub in SUBCOMMANDS, f"{service}: unknown kvroute subcommand {sub!r}"
+    try:
+        return sub, PARSERS[sub]().parse_args(rest)
+    except SystemExit:
+        pytest.fail(f"{service}: `kvroute {' '.join(command)}` does not parse")
+
+
+def container_ports(service: str) -> set[int]:
+    svc = SERVICES[service]
+    ports = {int(str(p).split(":")[-1]) for p in svc.get("ports", [])}
+    return ports | {int(p) for p in svc.get("expose", [])}
+
+
+def host_ports() -> list[int]:
+    return [int(str(p).split(":")[0]) for s in SERVICES.values() for p in s.get("ports", [])]
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def test_services_and_image() -> None:
+    assert set(SERVICES) == {"redis", "router", *ENGINES} and len(ENGINES) == 3
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "FROM python:3.11-slim" in dockerfile.splitlines()
+    assert "-c constraints.txt" in dockerfile and "'.[engine]'" in dockerfile
+    assert 'ENTRYPOINT ["kvroute"]' in dockerfile
+    for name in ("router", *ENGINES):
+        svc = SERVICES[name]
+        assert svc["build"] == "." and svc["image"] == "kvroute:latest"
+    assert SERVICES["redis"]["image"].startswith("redis:")
+    # What the Dockerfile copies is what the package needs.
+    for path in ("pyproject.toml", "constraints.txt", "schemas", "publisher", "offload_core"):
+        assert (ROOT / path).exists()
+        assert path in dockerfile
+
+
+def test_engines_bind_their_sockets_and_expose_them() -> None:
+    ids = set()
+    for name in ENGINES:
+        sub, args = parse(name)
+        assert sub == "engine"
+        assert args.worker_id == name
+        ids.add(args.worker_id)
+        assert args.host == "0.0.0.0"
+        # A concrete host would make the PUB socket connect (vLLM's rule), not bind.
+        assert "*" in args.publish and "*" in args.replay
+        exposed = container_ports(name)
+        assert {args.port, port_of(args.publish), port_of(args.replay)} <= exposed
+        assert args.cpu_blocks > 0  # offloading on
+        assert "swa:" in args.groups  # a hybrid model
+    assert len(ids) == len(ENGINES)
+
+
+def test_router_uses_redis_and_registers_every_engine() -> None:
+    sub, args = parse("router")
+    assert sub == "serve" and args.index == "redis" and args.host == "0.0.0.0"
+    redis_url = urlparse(args.redis_url)
+    assert redis_url.scheme == "redis" and redis_url.hostname == "redis"
+    assert redis_url.port == 6379 and 6379 in container_ports("redis")
+    assert args.port in container_ports("router")
+    specs = [parse_worker_spec(w) for w in args.workers]
+    assert sorted(s.worker_id for s in specs) == ENGINES
+    for spec in specs:
+        _, engine = parse(spec.worker_id)
+        pub, replay = urlparse(spec.endpoint), urlparse(spec.replay_endpoint or "")
+        http = urlparse(spec.http_endpoint or "")
+        assert pub.scheme == replay.scheme == "tcp"
+        assert pub.hostname == replay.hostname == http.hostname == spec.worker_id
+        assert pub.port == port_of(engine.publish)
+        assert replay.port == port_of(engine.replay)
+        assert http.port == engine.port
+
+
+def test_published_ports_are_unique_and_documented() -> None:
+    ports = host_ports()
+    assert len(ports) == len(set(ports))
+    header = (ROOT / "docker-compose.yml").read_text().split("name: kvroute")[0]
+    for port in ports:
+        assert str(port) in header, f"host port {port} is not documented in the header"
+
+
+def test_healthchecks_and_start_order() -> None:
+    for name, svc in SERVICES.items():
+        test = svc["healthcheck"]["test"]
+        assert test[0] == "CMD", name
+    assert SERVICES["redis"]["healthcheck"]["test"][1:] == ["redis-cli", "ping"]
+    _, router = parse("router")
+    assert f"127.0.0.1:{router.port}/readyz" in SERVICES["router"]["healthcheck"]["test"][-1]
+    for name in ENGINES:
+        _, engine = parse(name)
+        assert f"127.0.0.1:{engine.port}/health" in SERVICES[name]["healthcheck"]["test"][-1]
+    depends = SERVICES["router"]["depends_on"]
+    assert set(depends) == {"redis", *ENGINES}
+    assert all(d["condition"] == "service_healthy" for d in depends.values())
