@@ -128,7 +128,11 @@ class FakeEngine:
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self.pub.bind(endpoint)
+        try:
+            self.pub.bind(endpoint)
+        except zmq.ZMQError:
+            self.ctx.destroy(linger=0)
+            raise
         self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router: zmq.asyncio.Socket | None = None
         self.replay_endpoint: str | None = None

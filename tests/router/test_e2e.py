@@ -6,9 +6,11 @@ router (uvicorn in this loop) and to the engine (a subprocess), and a real redis
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+import zmq
 from _helpers import FakeEngine, batch, free_port, removed, serve_app, stored, wait_seq, wait_until
 
 from offload_core.hashing import block_hashes, external_hash
@@ -150,7 +153,7 @@ async def test_our_publisher_restart_resyncs(client: httpx.AsyncClient):
     finally:
         pub.shutdown()
     # Same port, a new process: seq from 0. ("*" makes it bind, as vLLM's rule says.)
-    pub = publisher(endpoint.replace("127.0.0.1", "*"), replay)
+    pub = await rebind(endpoint.replace("127.0.0.1", "*"), replay)
     try:
         fresh = list(range(9000, 9032))
         pub.publish(chain_batch(fresh))
@@ -162,6 +165,18 @@ async def test_our_publisher_restart_resyncs(client: httpx.AsyncClient):
             assert (await score(client, [*tokens, 1]))["workers"][0]["hit_tokens"] == 0
     finally:
         pub.shutdown()
+
+
+async def rebind(endpoint: str, replay: str) -> Any:
+    """A publisher on the ports a just-closed one used (ZMQ frees them asynchronously)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return publisher(endpoint, replay)
+        except zmq.ZMQError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 async def _resynced(c: httpx.AsyncClient) -> dict[str, Any] | None:

@@ -268,7 +268,7 @@ async def test_reconnects_when_the_engine_comes_back(service: RouterService):
     endpoint = engine.endpoint
     await engine.close()
     await wait_until(lambda: sub.state == "disconnected", what="disconnect seen")
-    engine = FakeEngine(replay=False, endpoint=endpoint)
+    engine = await wait_until(lambda: _bind_again(endpoint), what="port free again")
     try:
         await engine.wait_subscribed()
         await wait_until(lambda: sub.state == "connected", what="reconnect seen")
@@ -279,6 +279,13 @@ async def test_reconnects_when_the_engine_comes_back(service: RouterService):
         assert sub.counters.gaps == 0
     finally:
         await engine.close()
+
+
+def _bind_again(endpoint: str) -> FakeEngine | None:
+    try:
+        return FakeEngine(replay=False, endpoint=endpoint)
+    except zmq.ZMQError:  # ZMQ releases a closed socket's port asynchronously
+        return None
 
 
 async def test_invalid_endpoint_is_refused(service: RouterService):
