@@ -113,6 +113,16 @@ class RouterSettings(BaseSettings):
     tier_weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     max_request_tokens: int = Field(default=262_144, ge=1)
     recent_routes: int = Field(default=200, ge=1)
+    # Routing (/v1/route; see router.policy and docs/readme/routing.md)
+    route_policy: str = "kv_aware"
+    route_weights: dict[str, float] = Field(
+        default_factory=dict, description="kv_aware weight overrides, e.g. {decode: 128}"
+    )
+    route_inflight_ttl_s: float = Field(default=120.0, gt=0)
+    route_prefill_tps: float = Field(default=16_000.0, ge=0)
+    route_predict_ttl_s: float = Field(default=3.0, ge=0)
+    route_prefix_block_tokens: int = Field(default=64, ge=1)
+    route_seed: int | None = None
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -133,6 +143,28 @@ class RouterSettings(BaseSettings):
     @classmethod
     def _check_weights(cls, value: dict[str, float]) -> dict[str, float]:
         return {**DEFAULT_TIER_WEIGHTS, **{k.upper(): float(v) for k, v in value.items()}}
+
+    @field_validator("route_policy")
+    @classmethod
+    def _check_route_policy(cls, value: str) -> str:
+        from router.policy import POLICY_NAMES
+
+        if value not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {value!r}; expected one of {list(POLICY_NAMES)}")
+        return value
+
+    @field_validator("route_weights")
+    @classmethod
+    def _check_route_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        import dataclasses
+
+        from router.policy import PolicyWeights
+
+        known = {f.name for f in dataclasses.fields(PolicyWeights)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown route weights {unknown}; expected some of {sorted(known)}")
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -35,17 +35,22 @@ EXPIRE_INTERVAL_S = 1.0
 
 
 def routing_config(settings: Any) -> RoutingConfig:
-    """``RoutingConfig`` from router settings (``route_*`` fields; defaults when absent)."""
+    """``RoutingConfig`` from router settings (``route_*`` fields; defaults when absent);
+    ``ValueError`` for an unknown policy or weight name."""
     base = RoutingConfig()
     overrides = dict(getattr(settings, "route_weights", None) or {})
     known = {f.name for f in dataclasses.fields(PolicyWeights)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown route weight(s) {unknown}; expected some of {sorted(known)}")
+    policy = getattr(settings, "route_policy", None) or DEFAULT_POLICY
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"unknown route_policy {policy!r}; expected one of {POLICY_NAMES}")
     return RoutingConfig(
         weights=dataclasses.replace(PolicyWeights(), **overrides),
-        default_policy=getattr(settings, "route_policy", None) or DEFAULT_POLICY,
+        default_policy=policy,
         inflight_ttl_s=getattr(settings, "route_inflight_ttl_s", base.inflight_ttl_s),
+        prefill_tps=getattr(settings, "route_prefill_tps", base.prefill_tps),
         predict_ttl_s=getattr(settings, "route_predict_ttl_s", base.predict_ttl_s),
         prefix_block_tokens=getattr(
             settings, "route_prefix_block_tokens", base.prefix_block_tokens

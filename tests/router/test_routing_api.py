@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from _helpers import serve_app, wait_until
+from _helpers import free_port, serve_app, wait_until
 
 from offload_core.hit_rule import GroupSpec
 from offload_core.kv_cache import KVCacheManager
@@ -171,3 +171,22 @@ async def test_no_workers_registered_is_503() -> None:
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_workers"
         r = await client.post("/v1/requests/none/finish")
         assert r.status_code == 404
+
+
+async def test_route_settings_pick_the_default_policy_and_weights() -> None:
+    settings = RouterSettings(
+        workers=[WorkerSpec(worker_id="solo", endpoint=f"tcp://127.0.0.1:{free_port()}")],
+        route_policy="least_loaded",
+        route_weights={"decode": 7.0},
+        route_inflight_ttl_s=30.0,
+    )
+    service = RouterService(settings)
+    async with serve_app(create_app(service)) as client:
+        r = await client.post("/v1/route", json={"token_ids": [1, 2, 3]})
+        assert r.status_code == 200 and r.json()["worker_id"] == "solo"
+        assert r.json()["endpoint"] is None  # registered without an http endpoint
+        core = service.routing  # type: ignore[attr-defined]
+        assert core.config.default_policy == "least_loaded"
+        assert core.config.weights.decode == 7.0 and core.inflight.ttl == 30.0
+        assert service.recent_routes[-1]["policy"] == "least_loaded"
+        assert r.json()["candidates"][0]["load"] == 0.0  # the load before this request
