@@ -12,8 +12,12 @@ batches through the ``Ingestor`` strictly in order, exactly once per (DP rank, s
   or there is no replay endpoint, or the seq goes backwards (the publisher restarted and
   counts from 0 again) -> clear the worker's entries and rebuild from what follows.
 
-Bad frames are counted and logged once per worker; index outages are retried with
-backoff while keeping the batch. Nothing here raises out of the task.
+* a (re)connect -> a catch-up replay shortly after, which also notices a publisher that
+  restarted while we were away (its history no longer matches our last batch).
+
+Sequencing decisions live in ``router.sequencing`` (pure), index writes in
+``router.index_writer`` (staged, merged, retried through outages). Bad frames are counted
+and logged once per worker. Nothing here raises out of the task.
 """
 
 from __future__ import annotations
