@@ -34,14 +34,15 @@ class PolicyWeights:
     """Weights of the ``kv_aware`` cost, in prompt-token units.
 
     Defaults were tuned with ``kvroute bench routing`` on the Mooncake conversation trace
-    (8 workers, 1024 blocks of 512 tokens each; docs/readme/routing.md): a backlog token
-    weighs a quarter of a token this request must prefill, because prefill work saved
-    is saved for good while queueing behind a backlog is brief.
+    (8 workers, 1024 blocks of 512 tokens each; docs/readme/routing.md) and checked over
+    several tie-break seeds: a backlog token weighs 0.15 of a token this request must
+    prefill (work saved is saved for good, queueing behind a backlog is brief), and each
+    in-flight request 512 tokens (steady pressure that keeps totals balanced).
     """
 
     prefill: float = 1.0
-    backlog: float = 0.25
-    decode: float = 256.0
+    backlog: float = 0.15
+    decode: float = 512.0
     # Hits on a prefix that at least ``hot_fraction`` of recent requests share count
     # ``hot_discount`` times: every worker will hold such a prefix soon, so it should not
     # decide placement.
