@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/routing.py        # full trace, 8 workers: ~30 s on 2 cores
     .venv/bin/python benchmarks/routing.py --hma --limit 4000
+    .venv/bin/python benchmarks/routing.py --hma --synthetic 600 --block-size 16 \
+        --groups 'full:{bs},swa:{bs}:256' --workers 4 --gpu-blocks 1024
     .venv/bin/python benchmarks/routing.py --out benchmarks/results/routing.md
 
 A thin wrapper over ``kvroute bench routing`` / ``kvroute bench hma`` (router.bench): the
@@ -81,7 +83,8 @@ def main() -> int:
     outer.add_argument("--out", default=None, help="also write the markdown here")
     ours, rest = outer.parse_known_args()
     bench = "hma" if ours.hma else "routing"
-    args = build_parser().parse_args([bench, "--trace", str(TRACE), *rest])
+    source = [] if "--synthetic" in rest else ["--trace", str(TRACE)]
+    args = build_parser().parse_args([bench, *source, *rest])
     result = run_bench(args, show_progress=sys.stderr.isatty())
     text = hma_table(result) if ours.hma else routing_table(result)
     print(text)

@@ -73,6 +73,9 @@ def _common(p: argparse.ArgumentParser, groups: str) -> None:
     p.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token)
     p.add_argument("--event-delay", type=float, default=0.0,
                    help="seconds between an engine's change and the router seeing it")  # fmt: skip
+    p.add_argument("--hold-blocks", action=argparse.BooleanOptionalAction, default=None,
+                   help="requests keep their blocks until they finish "
+                   "(default: on for hma, off for routing)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="processes to spread the fleets over")  # fmt: skip
@@ -118,6 +121,7 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
         hash_algo=args.hash_algo,
         event_delay_s=args.event_delay,
         truth_all_workers=args.bench == "hma",
+        hold_blocks=args.bench == "hma" if args.hold_blocks is None else args.hold_blocks,
     )
 
 

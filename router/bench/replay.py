@@ -40,6 +40,7 @@ class ReplayConfig:
     hash_algo: str = "sha256"
     event_delay_s: float = 0.0
     truth_all_workers: bool = False
+    hold_blocks: bool = False
 
 
 async def replay(
@@ -64,6 +65,7 @@ async def replay(
             event_delay_s=cfg.event_delay_s,
             event_filter=f.event_filter,
             truth_all_workers=cfg.truth_all_workers,
+            hold_blocks=cfg.hold_blocks,
         )
         for f in fleets
     }
@@ -105,6 +107,7 @@ async def replay(
             "groups": [asdict(g) for g in cfg.groups],
             "hash_algo": cfg.hash_algo,
             "event_delay_s": cfg.event_delay_s,
+            "hold_blocks": cfg.hold_blocks,
             "cost": asdict(cfg.cost),
             "weights": asdict(cfg.routing.weights),
         },

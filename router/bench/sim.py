@@ -8,8 +8,11 @@ engines' own cache model) whose events go straight into a real ``Ingestor`` over
 Service model (what makes in-flight load meaningful): each worker prefills one request
 at a time, ``uncached tokens / prefill_tps`` seconds, then decodes it for
 ``output_tokens * decode_s_per_token`` seconds concurrently with others; the router hears
-``finish`` when decode ends. Blocks are cached at admission and freed at once (the engine
-model keeps no per-request residency), so cache contents depend on routing only.
+``finish`` when decode ends. By default blocks are cached at admission and freed at once,
+so cache contents depend on routing only (and compare with the bounds, which see no
+residency); with ``hold_blocks`` a request keeps its blocks until it finishes, as in a
+real engine -- sliding-window blocks that left the window are freed (and evicted) long
+before the rest, which is what the HMA benchmark needs to show.
 
 Several fleets (one per policy) run in lock step over one pass of the workload: a
 request's tokens are expanded and engine-hashed once, then replayed into every fleet.
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offload_core.hit_rule import GroupSpec, longest_hit, max_candidate
-from offload_core.kv_cache import KVCacheManager, RequestTooLargeError
+from offload_core.kv_cache import KVCacheManager, RequestPlan, RequestTooLargeError
 from offload_core.kv_cache import Request as EngineRequest
 from router.index.memory import MemoryIndex
 from router.ingest import Ingestor
@@ -100,6 +103,7 @@ class Fleet:
         event_delay_s: float = 0.0,
         event_filter: EventFilter | None = None,
         truth_all_workers: bool = False,
+        hold_blocks: bool = False,
     ) -> None:
         self.policy = policy
         self.worker_ids = [f"w{i}" for i in range(workers)]
@@ -112,6 +116,10 @@ class Fleet:
         self.event_delay_s = event_delay_s
         self.event_filter = event_filter
         self.truth_all_workers = truth_all_workers
+        # Hold a request's blocks until it finishes (as an engine does while decoding);
+        # off: cache and free at admission, so only routing decides the cache contents.
+        self.hold_blocks = hold_blocks
+        self._held: dict[str, tuple[KVCacheManager, RequestPlan]] = {}
         self.stats = FleetStats(tokens_by_worker=[0] * workers)
         # Estimate error over every (request, worker) pair, not just the chosen one.
         self.all_pairs = 0
@@ -127,6 +135,9 @@ class Fleet:
         while self._finishes and self._finishes[0][0] <= now:
             t, rid = heapq.heappop(self._finishes)
             self.core.finish(rid, now=t)
+            held = self._held.pop(rid, None)
+            if held is not None:
+                held[0].finish(held[1])  # frees blocks; evictions surface at allocation
         while self._deliveries and self._deliveries[0][0] <= now:
             t, _, w, events = heapq.heappop(self._deliveries)
             await self._apply(w, events, t)
@@ -166,7 +177,10 @@ class Fleet:
             return
         kv.allocate(plan)
         kv.commit(plan)
-        kv.finish(plan)
+        if self.hold_blocks:
+            self._held[req.request_id] = (kv, plan)
+        else:
+            kv.finish(plan)
         truth = plan.hit.hit_tokens
         events = kv.pool.take_events()
         if self.event_delay_s > 0:

@@ -92,3 +92,20 @@ async def test_predicted_entries_keep_a_burst_together_before_events_arrive() ->
     with_pred, blind = result["policies"]["predicted"], result["policies"]["blind"]
     assert with_pred["predicted_used"] > 50 and blind["predicted_used"] == 0
     assert with_pred["hit_rate"] > blind["hit_rate"] + 0.2
+
+
+def test_bench_hma_shortcuts_mispredict_with_small_blocks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [
+        "hma", "--synthetic", "200", "--block-size", "16", "--groups", "full:{bs},swa:{bs}:128",
+        "--workers", "3", "--gpu-blocks", "768", "--jobs", "1", "--json",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    v = json.loads(capsys.readouterr().out)["policies"]
+    assert v["hma_exact"]["estimate_exact_all_workers"] == 1.0
+    # Ignoring the window over-predicts once old window blocks are gone; treating the
+    # window as full attention under-predicts as soon as an old block is evicted.
+    assert v["full_only"]["estimate_over"] > 0 and v["full_only"]["estimate_under"] == 0
+    assert v["all_full"]["estimate_under"] > 0 and v["all_full"]["estimate_over"] == 0
+    assert v["all_full"]["estimate_exact_all_workers"] < 0.9
