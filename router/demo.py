@@ -22,12 +22,13 @@ import contextlib
 import heapq
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -341,6 +342,7 @@ async def run_demo(args: argparse.Namespace) -> list[PolicyRun]:
                 await demo.close()
     finally:
         stop_engines(engines)
+    shutil.rmtree(logdir, ignore_errors=True)  # kept (and quoted) only when start-up failed
     return runs
 
 
@@ -362,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=600, help="requests per policy")
     p.add_argument("--policies", type=_policies, default=list(DEFAULT_POLICIES),
                    help=f"comma-separated, from {', '.join(POLICY_NAMES)}")  # fmt: skip
-    p.add_argument("--trace", default=None, help="Mooncake JSONL instead of the synthetic mix")
+    p.add_argument("--trace", default=None,
+                   help="Mooncake JSONL instead of the synthetic mix (its prompts are long: "
+                   "raise --gpu-blocks to 2x the longest prompt / 16)")  # fmt: skip
     p.add_argument("--system-prompts", type=int, default=1,
                    help="synthetic: distinct system prompts after the shared preamble "
                    "(1 = one application: a prefix every request shares)")  # fmt: skip
@@ -378,11 +382,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _iter_summaries(runs: Sequence[PolicyRun]) -> Iterator[dict[str, Any]]:
-    for run in runs:
-        yield run.summary()
-
-
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -392,7 +391,7 @@ def main(argv: Sequence[str]) -> int:
     except (RuntimeError, OSError, httpx.HTTPError) as exc:
         print(f"kvroute demo: {exc}", file=sys.stderr)
         return 1
-    summaries = list(_iter_summaries(runs))
+    summaries = [run.summary() for run in runs]
     demo_table(summaries, args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
