@@ -37,6 +37,7 @@ import httpx
 
 from router.bench.report import demo_chart, demo_table
 from router.bench.sim import CostModel
+from router.netutil import listen_socket
 from router.policy import POLICY_NAMES
 from router.routing_state import RoutingConfig
 from router.workloads import MooncakeTrace, Request, SyntheticConfig, synthetic_workload
@@ -185,11 +186,7 @@ async def start_router(engines: Sequence[Engine]) -> Any:
     settings = RouterSettings(workers=[parse_worker_spec(e.spec()) for e in engines])
     service = RouterService(settings)
     app = create_app(service)
-    sock = socket.socket()
-    # Accepted sockets inherit this: without it, a request whose body arrives in a second
-    # segment waits ~40 ms for a delayed ACK.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = listen_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -22,20 +21,16 @@ import zmq
 import zmq.asyncio
 from fastapi import FastAPI
 
+from router.netutil import free_port as free_port
+from router.netutil import listen_socket
 from schemas import BlockRemoved, BlockStored, KVEventBatch, encode_batch
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 DEADLINE_S = 15.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def wait_until(
-    predicate: Callable[[], Any | Awaitable[Any]], timeout: float = DEADLINE_S, what: str = ""
+    predicate: Callable[[], Any | Awaitable[Any]], what: str = "", timeout: float = DEADLINE_S
 ) -> Any:
     """Poll ``predicate`` (sync or async) until truthy; fail with ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
@@ -53,9 +48,7 @@ async def wait_until(
 @contextlib.asynccontextmanager
 async def serve_app(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     """uvicorn on 127.0.0.1:<free port> in this loop; yields a client bound to it."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = listen_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
     server = uvicorn.Server(config)
@@ -68,6 +61,9 @@ async def serve_app(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=20) as client:
             yield client
     finally:
+        hub = getattr(app.state, "stream_hub", None)
+        if hub is not None:  # open SSE responses would hold uvicorn's shutdown
+            await hub.close()
         server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 20)

@@ -15,7 +15,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ import uvicorn
 from router.api import create_app
 from router.api.stream import close_streams_on_exit
 from router.config import RouterSettings
+from router.netutil import free_port, listen_socket
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -47,12 +47,6 @@ START_DEADLINE_S = 90.0  # torch import on a loaded 2-core machine
 DEADLINE_S = 30.0
 BLOCK = 16
 SYSTEM_PROMPT = list(range(1, 4 * BLOCK + 1))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
@@ -136,8 +130,7 @@ class RouterThread:
     def __init__(self, period_s: float) -> None:
         self.app = create_app(settings=RouterSettings(replay_timeout_s=2.0))
         self.app.state.stream_hub.period_s = period_s
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock = listen_socket()
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False)
         self.server = uvicorn.Server(config)

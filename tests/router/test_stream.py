@@ -4,7 +4,6 @@ dashboard summary fed by a real ZMQ publisher, and the structured-log set-up."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import logging
@@ -13,13 +12,14 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
+from _helpers import DEADLINE_S, serve_app, wait_until
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
@@ -28,44 +28,9 @@ from router.api import create_app
 from router.api.stream import close_streams_on_exit, close_streams_soon
 from router.config import RouterSettings
 from router.logging_setup import configure_logging, event_extra
+from router.netutil import listen_socket
 from router.stream import StreamHub, TooManyClients, sse_message
 from schemas import BlockRemoved, BlockStored, KVEventBatch
-
-DEADLINE_S = 15.0
-
-
-async def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-@contextlib.asynccontextmanager
-async def served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    """uvicorn on a free loopback port in this loop; streams are closed before exit."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await wait_until(lambda: server.started or task.done(), "uvicorn start")
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=20) as client:
-            yield client
-    finally:
-        hub = getattr(app.state, "stream_hub", None)
-        if hub is not None:
-            await hub.close()
-        server.should_exit = True
-        await asyncio.wait_for(task, DEADLINE_S)
-        sock.close()
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, int | None, Any]]:
@@ -144,7 +109,7 @@ def test_sse_message_format():
 async def test_many_http_clients_share_one_computation_per_tick():
     fn = Counting()
     hub = StreamHub(fn, period_s=0.05)
-    async with served(tiny_app(hub)) as client:
+    async with serve_app(tiny_app(hub)) as client:
         results = await asyncio.gather(*(read_n(client, 5) for _ in range(8)))
     seen: dict[int, int] = {}
     for messages in results:
@@ -207,7 +172,7 @@ async def test_slow_client_is_dropped_and_never_buffered_beyond_its_queue():
 async def test_disconnect_unsubscribes_and_idle_hub_stops_computing():
     fn = Counting()
     hub = StreamHub(fn, period_s=0.05)
-    async with served(tiny_app(hub)) as client:
+    async with serve_app(tiny_app(hub)) as client:
         await read_n(client, 2)  # leaves the stream (closes the response)
         await wait_until(lambda: hub.clients == 0, "client unsubscribed")
         await wait_until(lambda: not hub.running, "ticker stopped")
@@ -219,7 +184,7 @@ async def test_disconnect_unsubscribes_and_idle_hub_stops_computing():
 
 async def test_close_ends_open_streams_promptly():
     hub = StreamHub(Counting(), period_s=30.0)
-    async with served(tiny_app(hub)) as client:
+    async with serve_app(tiny_app(hub)) as client:
         done = asyncio.Event()
         got: list[int | None] = []
 
@@ -245,8 +210,7 @@ def test_uvicorn_exit_hook_ends_streams_so_shutdown_is_prompt():
     re-raises captured signals when it owns the main thread.)"""
     hub = StreamHub(Counting(), period_s=30.0)
     app = tiny_app(hub)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = listen_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     close_streams_on_exit(server, app)
@@ -339,7 +303,7 @@ async def test_router_stream_summary_dashboard_and_logs(publisher: Any, json_log
     hub: StreamHub = app.state.stream_hub
     hub.period_s = 0.1
     service = app.state.service
-    async with served(app) as client:
+    async with serve_app(app) as client:
         page = await client.get("/")
         assert page.status_code == 200 and 'id="blocks-chart"' in page.text
         js = await client.get("/static/app.js")
@@ -444,7 +408,7 @@ async def test_stream_keeps_flowing_through_a_redis_outage(
     hub.period_s = 0.1
     service = app.state.service
     spec = {"worker_id": "w0", "endpoint": publisher.bound_endpoint}
-    async with served(app) as client:
+    async with serve_app(app) as client:
         assert (await client.post("/v1/workers", json=spec)).status_code == 201
         await wait_until(lambda: service.subscriptions.get("w0").state == "connected", "w0")
         publisher.publish(
@@ -469,7 +433,7 @@ async def test_stream_keeps_flowing_through_a_redis_outage(
 
 async def test_stream_honours_api_key_all():
     app = create_app(settings=RouterSettings(api_key="k", api_key_all=True))
-    async with served(app) as client:
+    async with serve_app(app) as client:
         r = await client.get("/v1/stream")
         assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
         assert (await client.get("/")).status_code == 200  # the page itself is static
@@ -486,7 +450,7 @@ async def test_every_exported_metric_is_documented():
     in_fragment = set(names.findall(fragment))
     documented = in_fragment | set(names.findall(readme))
     app = create_app(settings=RouterSettings())
-    async with served(app) as client:
+    async with serve_app(app) as client:
         text = (await client.get("/metrics")).text
     exported = {
         line.split()[2]

@@ -1,0 +1,27 @@
+"""Small socket helpers shared by the demo, benchmarks and tests."""
+
+from __future__ import annotations
+
+import socket
+
+
+def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A bound TCP socket to hand to ``uvicorn.Server.serve(sockets=[...])``.
+
+    Created with an explicit ``IPPROTO_TCP``: asyncio enables TCP_NODELAY on accepted
+    connections only when the listening socket says it is TCP. Without it a request whose
+    body arrives in a second segment waits ~40 ms for a delayed ACK (measured in the demo:
+    44 ms -> 1.5 ms per route call).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for child processes that bind it themselves)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
