@@ -113,6 +113,8 @@ class RouterSettings(BaseSettings):
     tier_weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     max_request_tokens: int = Field(default=262_144, ge=1)
     recent_routes: int = Field(default=200, ge=1)
+    # Dashboard stream (/v1/stream): seconds between summaries
+    stream_period_s: float = Field(default=1.0, gt=0)
     # Routing (/v1/route; see router.policy and docs/readme/routing.md)
     route_policy: str = "kv_aware"
     route_weights: dict[str, float] = Field(

@@ -13,7 +13,12 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -23,6 +28,8 @@ if TYPE_CHECKING:
     from router.service import RouterService
 
 log = logging.getLogger(__name__)
+# `*_created` samples (a timestamp per metric) only confuse dashboards here.
+disable_created_metrics()
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STATES = ("connecting", "connected", "resyncing", "disconnected")

@@ -184,7 +184,7 @@ class _RoutingCollector(Collector):
             value=core.inflight.expired,
         )
         inflight = GaugeMetricFamily(
-            "kvroute_route_inflight", "requests in flight per worker", labels=["worker_id"]
+            "kvroute_route_inflight", "requests in flight per worker", labels=["worker"]
         )
         for worker, n in sorted(core.inflight_by_worker().items()):
             inflight.add_metric([worker], n)

@@ -70,7 +70,7 @@ class _StreamCollector(Collector):
 def install(app: FastAPI, service: RouterService, *, period_s: float | None = None) -> StreamHub:
     """Add the stream, the page and its assets to ``app``; returns the hub."""
     if period_s is None:
-        period_s = float(getattr(service.settings, "stream_period_s", DEFAULT_PERIOD_S))
+        period_s = service.settings.stream_period_s
     hub = StreamHub(SummaryBuilder(service).build, period_s=period_s)
     app.state.stream_hub = hub
     try:
