@@ -22,7 +22,6 @@ one worker once that worker is clearly busier than the rest.
 from __future__ import annotations
 
 import random
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -104,23 +103,15 @@ def pick_min(values: Sequence[float], rng: random.Random, tolerance: float = 1e-
     return ties[0] if len(ties) == 1 else rng.choice(ties)
 
 
-class Policy(ABC):
-    """Chooses one of ``views`` (never empty) for a request."""
+class Policy:
+    """Chooses one of ``views`` (never empty) for a request.
+
+    Every policy reports the same per-worker loads; a policy says only how it costs a
+    worker (:meth:`costs`) and, where it is not "cheapest wins", how it picks
+    (:meth:`pick`).
+    """
 
     name: str
-
-    @abstractmethod
-    def choose(
-        self,
-        request: RouteInput,
-        views: Sequence[WorkerView],
-        weights: PolicyWeights,
-        rng: random.Random,
-    ) -> Choice: ...
-
-
-class RandomPolicy(Policy):
-    name = "random"
 
     def choose(
         self,
@@ -130,7 +121,29 @@ class RandomPolicy(Policy):
         rng: random.Random,
     ) -> Choice:
         loads = [worker_load(v, weights) for v in views]
-        return Choice(rng.randrange(len(views)), loads, [0.0] * len(views))
+        costs = self.costs(request, views, loads, weights)
+        return Choice(self.pick(views, costs, rng), loads, costs)
+
+    def costs(
+        self,
+        request: RouteInput,
+        views: Sequence[WorkerView],
+        loads: list[float],
+        weights: PolicyWeights,
+    ) -> list[float]:
+        """Cost of sending ``request`` to each worker; all zero for cost-blind policies."""
+        return [0.0] * len(views)
+
+    def pick(self, views: Sequence[WorkerView], costs: list[float], rng: random.Random) -> int:
+        """Index of the chosen worker: the cheapest, ties broken at random."""
+        return pick_min(costs, rng)
+
+
+class RandomPolicy(Policy):
+    name = "random"
+
+    def pick(self, views: Sequence[WorkerView], costs: list[float], rng: random.Random) -> int:
+        return rng.randrange(len(views))
 
 
 class RoundRobinPolicy(Policy):
@@ -141,13 +154,7 @@ class RoundRobinPolicy(Policy):
     def __init__(self) -> None:
         self._last: str | None = None
 
-    def choose(
-        self,
-        request: RouteInput,
-        views: Sequence[WorkerView],
-        weights: PolicyWeights,
-        rng: random.Random,
-    ) -> Choice:
+    def pick(self, views: Sequence[WorkerView], costs: list[float], rng: random.Random) -> int:
         order = sorted(range(len(views)), key=lambda i: views[i].worker_id)
         nxt = order[0]
         if self._last is not None:
@@ -156,8 +163,7 @@ class RoundRobinPolicy(Policy):
                     nxt = i
                     break
         self._last = views[nxt].worker_id
-        loads = [worker_load(v, weights) for v in views]
-        return Choice(nxt, loads, [0.0] * len(views))
+        return nxt
 
 
 class LeastLoadedPolicy(Policy):
@@ -165,15 +171,14 @@ class LeastLoadedPolicy(Policy):
 
     name = "least_loaded"
 
-    def choose(
+    def costs(
         self,
         request: RouteInput,
         views: Sequence[WorkerView],
+        loads: list[float],
         weights: PolicyWeights,
-        rng: random.Random,
-    ) -> Choice:
-        loads = [worker_load(v, weights) for v in views]
-        return Choice(pick_min(loads, rng), loads, loads)
+    ) -> list[float]:
+        return loads
 
 
 class LongestPrefixPolicy(Policy):
@@ -181,16 +186,14 @@ class LongestPrefixPolicy(Policy):
 
     name = "longest_prefix"
 
-    def choose(
+    def costs(
         self,
         request: RouteInput,
         views: Sequence[WorkerView],
+        loads: list[float],
         weights: PolicyWeights,
-        rng: random.Random,
-    ) -> Choice:
-        costs = [float(request.request_tokens - v.hit_tokens) for v in views]
-        loads = [worker_load(v, weights) for v in views]
-        return Choice(pick_min(costs, rng), loads, costs)
+    ) -> list[float]:
+        return [float(request.request_tokens - v.hit_tokens) for v in views]
 
 
 class KvAwarePolicy(Policy):
@@ -198,14 +201,13 @@ class KvAwarePolicy(Policy):
 
     name = "kv_aware"
 
-    def choose(
+    def costs(
         self,
         request: RouteInput,
         views: Sequence[WorkerView],
+        loads: list[float],
         weights: PolicyWeights,
-        rng: random.Random,
-    ) -> Choice:
-        loads = [worker_load(v, weights) for v in views]
+    ) -> list[float]:
         mean = sum(loads) / len(loads)
         limit = (1.0 + weights.balance_slack) * mean + weights.balance_floor
         costs: list[float] = []
@@ -215,7 +217,7 @@ class KvAwarePolicy(Policy):
                 affinity = max(view.score, float(view.predicted_tokens))
                 affinity = discount_hot(affinity, request.hot_tokens, weights.hot_discount)
             costs.append(weights.prefill * (request.request_tokens - affinity) + load)
-        return Choice(pick_min(costs, rng), loads, costs)
+        return costs
 
 
 POLICY_CLASSES: dict[str, type[Policy]] = {
