@@ -15,7 +15,7 @@ to the offloading manager (``complete_store`` / ``complete_load``), exactly once
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,24 +151,7 @@ class TransferWorker:
         ctx: ReqContext,
     ) -> int:
         """Copy device blocks to the CPU ids of ``spec`` (from ``prepare_store``)."""
-        job = self._new_job("store", keys, ctx)
-        buf = self.buffers
-        for g, gpu_ids, cpu_ids in self._by_group(keys, gpu_block_ids, spec.block_ids):
-            job.nbytes += len(gpu_ids) * buf.block_bytes(g)
-            gidx = torch.tensor(gpu_ids, dtype=torch.int64, device=buf.device)
-            cidx = torch.tensor(cpu_ids, dtype=torch.int64)
-            if self._stream is None:
-                buf.cpu[g].index_copy_(0, cidx, buf.gpu[g].index_select(0, gidx))
-                continue
-            self._stream.wait_stream(torch.cuda.current_stream(buf.device))
-            with torch.cuda.stream(self._stream):
-                gathered = buf.gpu[g].index_select(0, gidx)
-                staging = torch.empty(gathered.shape, dtype=buf.dtype, pin_memory=True)
-                staging.copy_(gathered, non_blocking=True)
-            job.keep_alive += [gathered, gidx]
-            job.host_scatter.append((buf.cpu[g], cidx, staging))
-        self._finish_submit(job)
-        return job.job_id
+        return self._submit("store", keys, gpu_block_ids, spec, ctx, self._store_group)
 
     def load(
         self,
@@ -178,26 +161,55 @@ class TransferWorker:
         ctx: ReqContext,
     ) -> int:
         """Copy the CPU ids of ``spec`` (from ``prepare_load``) into device blocks."""
-        job = self._new_job("load", keys, ctx)
+        return self._submit("load", keys, gpu_block_ids, spec, ctx, self._load_group)
+
+    def _submit(
+        self,
+        kind: str,
+        keys: Sequence[OffloadKey],
+        gpu_block_ids: Sequence[int],
+        spec: CPULoadStoreSpec,
+        ctx: ReqContext,
+        copy_group: Callable[[_Job, int, torch.Tensor, torch.Tensor], None],
+    ) -> int:
+        """One job: per group, index tensors for both tiers and one ``copy_group`` call."""
+        job = self._new_job(kind, keys, ctx)
         buf = self.buffers
         for g, gpu_ids, cpu_ids in self._by_group(keys, gpu_block_ids, spec.block_ids):
             job.nbytes += len(gpu_ids) * buf.block_bytes(g)
             gidx = torch.tensor(gpu_ids, dtype=torch.int64, device=buf.device)
             cidx = torch.tensor(cpu_ids, dtype=torch.int64)
-            if self._stream is None:
-                buf.gpu[g].index_copy_(0, gidx, buf.cpu[g].index_select(0, cidx))
-                continue
-            staging = torch.empty(
-                (len(cpu_ids), *buf.cpu[g].shape[1:]), dtype=buf.dtype, pin_memory=True
-            )
-            torch.index_select(buf.cpu[g], 0, cidx, out=staging)
-            self._stream.wait_stream(torch.cuda.current_stream(buf.device))
-            with torch.cuda.stream(self._stream):
-                on_device = staging.to(buf.device, non_blocking=True)
-                buf.gpu[g].index_copy_(0, gidx, on_device)
-            job.keep_alive += [staging, on_device, gidx]
+            copy_group(job, g, gidx, cidx)
         self._finish_submit(job)
         return job.job_id
+
+    def _store_group(self, job: _Job, g: int, gidx: torch.Tensor, cidx: torch.Tensor) -> None:
+        """Device -> host: gather on the copy stream; the host scatter waits for the event."""
+        buf = self.buffers
+        if self._stream is None:
+            buf.cpu[g].index_copy_(0, cidx, buf.gpu[g].index_select(0, gidx))
+            return
+        self._stream.wait_stream(torch.cuda.current_stream(buf.device))
+        with torch.cuda.stream(self._stream):
+            gathered = buf.gpu[g].index_select(0, gidx)
+            staging = torch.empty(gathered.shape, dtype=buf.dtype, pin_memory=True)
+            staging.copy_(gathered, non_blocking=True)
+        job.keep_alive += [gathered, gidx]
+        job.host_scatter.append((buf.cpu[g], cidx, staging))
+
+    def _load_group(self, job: _Job, g: int, gidx: torch.Tensor, cidx: torch.Tensor) -> None:
+        """Host -> device: gather into pinned staging now, copy + scatter on the stream."""
+        buf = self.buffers
+        if self._stream is None:
+            buf.gpu[g].index_copy_(0, gidx, buf.cpu[g].index_select(0, cidx))
+            return
+        staging = torch.empty((len(cidx), *buf.cpu[g].shape[1:]), dtype=buf.dtype, pin_memory=True)
+        torch.index_select(buf.cpu[g], 0, cidx, out=staging)
+        self._stream.wait_stream(torch.cuda.current_stream(buf.device))
+        with torch.cuda.stream(self._stream):
+            on_device = staging.to(buf.device, non_blocking=True)
+            buf.gpu[g].index_copy_(0, gidx, on_device)
+        job.keep_alive += [staging, on_device, gidx]
 
     # -------------------------------------------------------------- complete
     def poll(self) -> list[int]:
