@@ -56,42 +56,37 @@ def hash_hex(value: int | bytes | None) -> str | None:
     return f"{value & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def short_hash(value: int | bytes | None) -> str:
-    full = hash_hex(value)
-    return "-" if full is None else full[-8:]
-
-
 def describe_event(event: Any) -> dict[str, Any]:
     """A JSON-ready summary of one event (full hashes; the pretty printer shortens them)."""
-    if isinstance(event, BlockStored):
+    if isinstance(event, BlockStored | BlockRemoved):
         hashes = event.block_hashes
-        return {
-            "type": "BlockStored",
-            "group": event.group_idx,
-            "medium": event.medium,
-            "blocks": len(hashes),
-            "first": hash_hex(hashes[0]) if hashes else None,
-            "last": hash_hex(hashes[-1]) if hashes else None,
-            "parent": hash_hex(event.parent_block_hash),
-            "tokens": len(event.token_ids),
-            "block_size": event.block_size,
-            "kind": event.kv_cache_spec_kind,
-            "window": event.kv_cache_spec_sliding_window,
-            "lora": event.lora_name,
-        }
-    if isinstance(event, BlockRemoved):
-        hashes = event.block_hashes
-        return {
-            "type": "BlockRemoved",
+        info: dict[str, Any] = {
+            "type": "BlockStored" if isinstance(event, BlockStored) else "BlockRemoved",
             "group": event.group_idx,
             "medium": event.medium,
             "blocks": len(hashes),
             "first": hash_hex(hashes[0]) if hashes else None,
             "last": hash_hex(hashes[-1]) if hashes else None,
         }
+        if isinstance(event, BlockStored):
+            info["parent"] = hash_hex(event.parent_block_hash)
+            info["tokens"] = len(event.token_ids)
+            info["block_size"] = event.block_size
+            info["kind"] = event.kv_cache_spec_kind
+            info["window"] = event.kv_cache_spec_sliding_window
+            info["lora"] = event.lora_name
+        return info
     if isinstance(event, AllBlocksCleared):
         return {"type": "AllBlocksCleared"}
     return {"type": type(event).__name__}
+
+
+def _plural(n: int, noun: str, suffix: str = "s") -> str:
+    return f"{n} {noun}{suffix if n != 1 else ''}"
+
+
+def _topic_label(topic: str) -> str:
+    return escape(topic) or "(no topic)"
 
 
 def _span(info: dict[str, Any]) -> str:
@@ -109,8 +104,7 @@ def _event_line(info: dict[str, Any]) -> str:
         return "  [bold magenta]x AllBlocksCleared[/]"
     group = "g-" if info["group"] is None else f"g{info['group']}"
     medium = info["medium"] or "GPU?"
-    n = info["blocks"]
-    blocks = f"{n} block{'s' if n != 1 else ''}"
+    blocks = _plural(info["blocks"], "block")
     if kind == "BlockStored":
         spec = _KIND_SHORT.get(info["kind"] or "", info["kind"] or "")
         if info["window"]:
@@ -166,10 +160,9 @@ class Printer:
             return
         dp = "-" if batch.data_parallel_rank is None else str(batch.data_parallel_rank)
         tag = " [cyan](replayed)[/]" if frame.replayed else ""
-        n = len(events)
         self.console.print(
-            f"[bold]#{frame.seq}[/] [blue]{escape(frame.topic) or '(no topic)'}[/] "
-            f"{_ts_text(batch.ts)} dp={dp} {n} event{'s' if n != 1 else ''}{tag}",
+            f"[bold]#{frame.seq}[/] [blue]{_topic_label(frame.topic)}[/] "
+            f"{_ts_text(batch.ts)} dp={dp} {_plural(len(events), 'event')}{tag}",
             highlight=False,
         )
         for info in events:
@@ -182,8 +175,8 @@ class Printer:
             return
         hint = "fetching via replay" if replaying else "use --replay to fetch them"
         self.console.print(
-            f"[bold yellow]gap[/] {escape(topic) or '(no topic)'}: missing seq {first}..{last} "
-            f"({count} batch{'es' if count != 1 else ''}; {hint})",
+            f"[bold yellow]gap[/] {_topic_label(topic)}: missing seq {first}..{last} "
+            f"({_plural(count, 'batch', 'es')}; {hint})",
             highlight=False,
         )
 
@@ -192,7 +185,7 @@ class Printer:
             self._json({"restart": {"topic": topic, "last_seq": last, "seq": seq}})
             return
         self.console.print(
-            f"[bold yellow]restart[/] {escape(topic) or '(no topic)'}: seq went back "
+            f"[bold yellow]restart[/] {_topic_label(topic)}: seq went back "
             f"{last} -> {seq} (publisher restarted?)",
             highlight=False,
         )
