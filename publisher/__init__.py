@@ -3,14 +3,12 @@
 from publisher.config import KVEventsConfig, make_publisher
 from publisher.endpoints import offset_endpoint_port, should_bind
 from publisher.zmq_publisher import (
-    END_SEQ,
     EventPublisher,
     NullEventPublisher,
     ZmqEventPublisher,
 )
 
 __all__ = [
-    "END_SEQ",
     "EventPublisher",
     "KVEventsConfig",
     "NullEventPublisher",

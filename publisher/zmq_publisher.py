@@ -32,11 +32,10 @@ from collections import deque
 import zmq
 
 from publisher.endpoints import offset_endpoint_port, should_bind
-from schemas import KVEventBatch, encode_batch
+from schemas import REPLAY_END_SEQ, KVEventBatch, encode_batch
 
 log = logging.getLogger(__name__)
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 # Most replay requests one wake-up serves before live publishing gets its turn again.
 _REPLAY_REQUESTS_PER_TURN = 16
 # Most batches sent per turn, so replay requests are not starved by a busy queue.
@@ -351,7 +350,7 @@ class ZmqEventPublisher(EventPublisher):
                 replay.send_multipart(
                     (identity, b"", self._topic_bytes, seq.to_bytes(8, "big"), payload)
                 )
-            replay.send_multipart((identity, b"", b"", END_SEQ, b""))
+            replay.send_multipart((identity, b"", b"", REPLAY_END_SEQ, b""))
 
     def _buffered_from(self, start_seq: int) -> itertools.islice[tuple[int, bytes]]:
         """Buffered (seq, payload) with seq >= start_seq; seqs in the buffer are contiguous."""

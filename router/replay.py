@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-log = logging.getLogger(__name__)
+from schemas import REPLAY_END_SEQ
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
+log = logging.getLogger(__name__)
 
 
 class ReplayFailed(Exception):
@@ -63,7 +63,7 @@ async def request_replay(
                 raise ReplayFailed(
                     f"replay from {endpoint}: no reply within {timeout_s:.1f}s"
                 ) from None
-            if len(reply) == 4 and reply[0] == b"" and reply[2] == END_SEQ:
+            if len(reply) == 4 and reply[0] == b"" and reply[2] == REPLAY_END_SEQ:
                 return frames, malformed
             if len(reply) != 4 or reply[0] != b"" or len(reply[2]) != 8:
                 malformed += 1

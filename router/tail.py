@@ -20,8 +20,7 @@ import zmq
 from rich.console import Console
 
 from router.tail_print import Frame, Printer
-
-END_MARKER_SEQ = -1
+from schemas import REPLAY_END_SEQ
 
 
 @dataclass
@@ -71,7 +70,7 @@ def fetch_replay(ctx: zmq.Context[Any], endpoint: str, start_seq: int, timeout_s
             if len(seq) != 8:
                 out.append(f"replay seq frame must be 8 bytes, got {len(seq)}")
                 continue
-            if int.from_bytes(seq, "big", signed=True) == END_MARKER_SEQ and not payload:
+            if seq == REPLAY_END_SEQ and not payload:
                 return out
             out.append(
                 Frame(topic.decode("utf-8", "replace"), int.from_bytes(seq, "big"), payload, True)

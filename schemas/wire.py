@@ -26,6 +26,10 @@ MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 MEDIA = (MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE)
 
+# ZMQ framing around the batches (DESIGN §2): a replay answer ends with the marker
+# ``[b"", b"", REPLAY_END_SEQ, b""]``, seq -1 as 8 signed big-endian bytes.
+REPLAY_END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Base batch: ``[ts, events, data_parallel_rank]``."""

@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from publisher import END_SEQ, ZmqEventPublisher
-from schemas import KVEventBatch, decode_batch
+from publisher import ZmqEventPublisher
+from schemas import REPLAY_END_SEQ, KVEventBatch, decode_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.33"
 GOLDEN_TOPIC = "kv@worker-0@demo"
@@ -27,7 +27,7 @@ GOLDEN_ORDER = [
     "all_cleared",
 ]
 DEADLINE_S = 10.0
-END_MARKER = [b"", b"", END_SEQ, b""]
+END_MARKER = [b"", b"", REPLAY_END_SEQ, b""]
 
 
 def golden_frames(name: str) -> list[list[bytes]]:

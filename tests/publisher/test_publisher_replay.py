@@ -18,8 +18,15 @@ from _zmq_client import (
     wait_until,
 )
 
-from publisher import END_SEQ, ZmqEventPublisher
-from schemas import AllBlocksCleared, BlockRemoved, KVEventBatch, decode_batch, encode_batch
+from publisher import ZmqEventPublisher
+from schemas import (
+    REPLAY_END_SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    KVEventBatch,
+    decode_batch,
+    encode_batch,
+)
 
 TOPIC = "kv@w-replay"
 
@@ -50,7 +57,7 @@ def expect(seqs: range) -> list[list[bytes]]:
 
 
 def test_end_marker_bytes() -> None:
-    assert END_SEQ == b"\xff" * 8
+    assert REPLAY_END_SEQ == b"\xff" * 8
     assert golden_frames("replay")[-1] == END_MARKER
 
 

@@ -23,9 +23,8 @@ from fastapi import FastAPI
 
 from router.netutil import free_port as free_port
 from router.netutil import listen_socket
-from schemas import BlockRemoved, BlockStored, KVEventBatch, encode_batch
+from schemas import REPLAY_END_SEQ, BlockRemoved, BlockStored, KVEventBatch, encode_batch
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 DEADLINE_S = 15.0
 
 
@@ -169,7 +168,7 @@ class FakeEngine:
                     await self.router.send_multipart(
                         [ident, b"", self.topic, seq.to_bytes(8, "big"), payload]
                     )
-            await self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
+            await self.router.send_multipart([ident, b"", b"", REPLAY_END_SEQ, b""])
 
     async def publish(self, b: KVEventBatch, *, deliver: bool = True) -> int:
         """Buffer ``b`` under the next seq; send it live unless ``deliver`` is False."""
