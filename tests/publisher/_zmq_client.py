@@ -80,6 +80,15 @@ def recv_frames(sock: zmq.Socket, n: int, timeout: float = DEADLINE_S) -> list[l
     return out
 
 
+def recv_through(sock: zmq.Socket, last_seq: int) -> list[list[bytes]]:
+    """Live frames up to and including seq ``last_seq``, from the first that arrived (a SUB
+    over tcp may miss the head: the PUB/SUB slow joiner); each frame within the deadline."""
+    got = recv_frames(sock, 1)
+    while seq_of(got[-1]) < last_seq:
+        got += recv_frames(sock, 1)
+    return got
+
+
 def nothing_more(sock: zmq.Socket, wait_ms: int = 50) -> bool:
     return not sock.poll(wait_ms)
 

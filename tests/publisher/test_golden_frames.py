@@ -19,6 +19,7 @@ from _zmq_client import (
     inproc_name,
     nothing_more,
     recv_frames,
+    recv_through,
     replay,
     seq_of,
     settle,
@@ -63,9 +64,7 @@ def test_live_and_replay_frames_equal_vllm_over_tcp(
     for batch in golden_batches():
         pub.publish(batch)
     live = golden_frames("live")
-    got = recv_frames(sub, 1)
-    while seq_of(got[-1]) < 4:
-        got += recv_frames(sub, 1)
+    got = recv_through(sub, 4)
     first = seq_of(got[0])
     assert got == live[first:]
     assert replay(ctx, pub.bound_replay_endpoint, 0)[:-1] == [[b"", *f] for f in live]
