@@ -23,7 +23,6 @@ import heapq
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import httpx
 
 from router.bench.report import demo_chart, demo_table
 from router.bench.sim import CostModel
-from router.netutil import listen_socket
+from router.netutil import free_ports, listen_socket
 from router.policy import POLICY_NAMES
 from router.routing_state import RoutingConfig
 from router.workloads import MooncakeTrace, Request, SyntheticConfig, synthetic_workload
@@ -106,21 +105,8 @@ class PolicyRun:
 
 
 # ---------------------------------------------------------------------- engines
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def start_engines(args: argparse.Namespace, logdir: Path) -> list[Engine]:
-    ports = _free_ports(3 * args.workers)
+    ports = free_ports(3 * args.workers)
     engines = []
     for i in range(args.workers):
         e = Engine(f"engine-{i}", *ports[3 * i : 3 * i + 3], logdir / f"engine-{i}.log")

@@ -20,8 +20,21 @@ def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` ports that were free a moment ago (for child processes that bind them
+    themselves); held open together while asking, so they are distinct."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for child processes that bind it themselves)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """One port that was free a moment ago; see ``free_ports``."""
+    return free_ports(1, host)[0]

@@ -6,7 +6,6 @@ import asyncio
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import zmq
 
 from offload_core.engine import EngineConfig, SimEngine, build_parser
 from offload_core.engine_app import create_app
+from router.netutil import free_ports
 from schemas import AllBlocksCleared, BlockStored, decode_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,12 +149,6 @@ async def test_concurrent_requests_are_serialised(engine: SimEngine, base_url: s
     assert engine.stats.requests == 6
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_flags_match_the_documented_ones() -> None:
     argv = shlex.split(
         "--host 0.0.0.0 --port 1 --worker-id a --publish tcp://*:1 --replay tcp://*:2 "
@@ -171,7 +165,7 @@ def test_cli_flags_match_the_documented_ones() -> None:
 
 
 def test_kvroute_engine_process_serves_and_publishes() -> None:
-    http, pub_port, replay_port = free_port(), free_port(), free_port()
+    http, pub_port, replay_port = free_ports(3)
     cmd = [
         sys.executable, "-m", "router.cli", "engine",
         "--port", str(http), "--worker-id", "e1",

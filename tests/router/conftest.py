@@ -8,7 +8,6 @@ tests). A missing ``redis-server`` binary fails loudly instead of skipping.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -17,13 +16,9 @@ from dataclasses import dataclass
 import pytest
 import redis
 
+from router.netutil import free_port
+
 START_DEADLINE_S = 15.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -56,7 +51,7 @@ def start_redis_server() -> RedisServer:
         )
     last_error = ""
     for _attempt in range(3):  # a free port can be taken between probe and bind
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [
                 binary,
