@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -42,6 +43,20 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         await asyncio.sleep(0.01)
+
+
+def stop_process(
+    proc: subprocess.Popen[Any], grace_s: float = 15.0, kill_wait_s: float = 5.0
+) -> int:
+    """SIGTERM a child and wait ``grace_s`` for a clean exit, then SIGKILL; its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=kill_wait_s)
+    return int(proc.returncode)
 
 
 @contextlib.asynccontextmanager

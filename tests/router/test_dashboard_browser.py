@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from _helpers import stop_process
 
 from router.api import create_app
 from router.api.stream import close_streams_on_exit
@@ -115,13 +116,7 @@ class Engine:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc, grace_s=10, kill_wait_s=10)
 
 
 class RouterThread:

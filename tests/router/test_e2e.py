@@ -19,7 +19,17 @@ import httpx
 import msgspec
 import pytest
 import zmq
-from _helpers import FakeEngine, batch, free_port, removed, serve_app, stored, wait_seq, wait_until
+from _helpers import (
+    FakeEngine,
+    batch,
+    free_port,
+    removed,
+    serve_app,
+    stop_process,
+    stored,
+    wait_seq,
+    wait_until,
+)
 
 from offload_core.hashing import block_hashes, external_hash
 from publisher import ZmqEventPublisher
@@ -206,12 +216,7 @@ def engine_proc(tmp_path: Path) -> Iterator[dict[str, Any]]:
     try:
         yield info
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc)
         log.close()
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _helpers import FakeEngine, batch, free_port, stored, wait_until
+from _helpers import FakeEngine, batch, free_port, stop_process, stored, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 START_DEADLINE_S = 30.0
@@ -57,14 +57,7 @@ class Serve:
         return self.stderr_path.read_text(errors="replace")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        return self.proc.returncode
+        return stop_process(self.proc)
 
 
 @pytest.fixture
