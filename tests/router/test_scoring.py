@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from _kv_streams import EventSource, Harness, tokens
 
 from router.index import make_index
-from router.scoring import Scorer
+from router.scoring import GroupRow, Scorer, ScoreResult, WorkerRow
+from schemas.rest import GroupScore, ScoreResponse, WorkerScore
 
 BS = 16
 
@@ -112,3 +114,39 @@ async def test_sliding_window_longer_than_the_hit_needs_every_block(harness: Har
     got = await harness.one(toks, "w")
     assert got.hit_tokens == 0  # the window covers the whole prefix, block 0 is gone
     assert [g.hit_tokens for g in got.groups] == [96, 0]
+
+
+def test_result_structs_mirror_the_rest_models() -> None:
+    """The Structs /v1/score encodes must keep the pydantic models' fields and order."""
+    pairs = [(GroupRow, GroupScore), (WorkerRow, WorkerScore), (ScoreResult, ScoreResponse)]
+    for struct, model in pairs:
+        assert struct.__struct_fields__ == tuple(model.model_fields)
+
+
+async def test_encoded_result_equals_the_validated_model_json(harness: Harness) -> None:
+    """What /v1/score sends (``msgspec.json.encode`` of ``score_result``) is byte for byte
+    the JSON of the pydantic ``ScoreResponse``: learned, unlearned, gapped and offloaded
+    workers, mixed block sizes, fractional scores."""
+    src = EventSource()
+    toks = tokens(12 * BS + 5)
+    await harness.feed("gpu", src.store(toks, BS, 0, 12))
+    await harness.feed(
+        "mixed",
+        src.store(toks, BS, 0, 12, group=0, kind="full_attention"),
+        src.store(toks, 2 * BS, 0, 6, group=1, kind="sliding_window", window=64),
+        src.store(toks, BS, 0, 12, group=0, kind="full_attention", medium="CPU"),
+        src.store(toks, 2 * BS, 0, 6, group=1, kind="sliding_window", window=64, medium="CPU"),
+    )
+    await harness.feed("mixed", src.remove(toks, BS, range(3, 12), group=0))
+    await harness.feed("gapped", src.store(toks, BS, 0, 4, group=1, kind="full_attention"))
+    await harness.feed("cpu", src.store(toks, BS, 0, 7, medium="CPU"))
+    await harness.feed("cpu", src.store(toks, BS, 0, 3, medium="STORAGE"))
+    workers = ["gpu", "mixed", "gapped", "cpu", "nobody", "gpu"]
+    for length in (0, 1, 40, len(toks)):
+        for scorer in (harness.scorer, Scorer(harness.index, tier_weights={"CPU": 0.3333})):
+            model = await scorer.score(toks[:length], workers)
+            result = await scorer.score_result(toks[:length], workers)
+            assert msgspec.json.encode(result) == model.model_dump_json().encode()
+    scores = {w.worker_id: w.score for w in model.workers}
+    assert scores["cpu"] != int(scores["cpu"])  # a fractional score was compared too
+    assert not next(w for w in model.workers if w.worker_id == "gapped").learned
