@@ -17,7 +17,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from offload_core.base import (
@@ -145,10 +145,8 @@ class SimEngine:
             if self.config.verify_loads:
                 self._verify_loaded(loads)
         computed = plan.computed()
-        for g in range(len(self.groups)):
-            mine = [(bid, digest) for gg, bid, digest in computed if gg == g]
-            if mine:
-                self.buffers.write(g, [b for b, _ in mine], [d for _, d in mine])
+        for g, (bids, digests) in _by_group(computed).items():
+            self.buffers.write(g, bids, digests)
         kv.commit(plan)
         kv.finish(plan)
         self._events += kv.pool.take_events()
@@ -190,15 +188,13 @@ class SimEngine:
     # --------------------------------------------------------------- inspection
     def state(self) -> set[tuple[int, str, int]]:
         """``(group, medium, external hash)`` of every block the engine holds."""
-        out = {
-            (get_offload_group_idx(k), MEDIUM_GPU, external_hash(get_offload_block_hash(k)))
-            for k in self.kv.pool.cached_keys()
-        }
+
+        def entry(key: OffloadKey, medium: str) -> tuple[int, str, int]:
+            return (get_offload_group_idx(key), medium, external_hash(get_offload_block_hash(key)))
+
+        out = {entry(k, MEDIUM_GPU) for k in self.kv.pool.cached_keys()}
         if self.cpu is not None:
-            out |= {
-                (get_offload_group_idx(k), MEDIUM_CPU, external_hash(get_offload_block_hash(k)))
-                for k in self.cpu.ready_keys()
-            }
+            out |= {entry(k, MEDIUM_CPU) for k in self.cpu.ready_keys()}
         return out
 
     def stats_dict(self) -> dict[str, object]:
@@ -253,16 +249,12 @@ class SimEngine:
     def _verify_loaded(self, loads: list[tuple[OffloadKey, int]]) -> None:
         """Check the loaded blocks hold their deterministic values (one compare per group;
         per block only to count a failure)."""
-        by_group: dict[int, list[tuple[int, bytes]]] = {}
-        for key, bid in loads:
-            by_group.setdefault(get_offload_group_idx(key), []).append(
-                (bid, get_offload_block_hash(key))
-            )
+        blocks = [(get_offload_group_idx(k), bid, get_offload_block_hash(k)) for k, bid in loads]
         buf = self.buffers
-        for g, items in by_group.items():
-            if buf.matches(g, [b for b, _ in items], [d for _, d in items]):
+        for g, (bids, digests) in _by_group(blocks).items():
+            if buf.matches(g, bids, digests):
                 continue
-            bad = sum(not buf.matches(g, [b], [d]) for b, d in items)
+            bad = sum(not buf.matches(g, [b], [d]) for b, d in zip(bids, digests, strict=True))
             if self.stats.load_verify_failures == 0:
                 log.error("%d blocks loaded back from CPU do not hold their KV values", bad)
             self.stats.load_verify_failures += bad
@@ -280,6 +272,19 @@ class SimEngine:
         self.publisher.publish(KVEventBatch(ts=time.time(), events=events))
         self.stats.events += len(events)
         self.stats.batches += 1
+
+
+def _by_group(
+    blocks: Iterable[tuple[int, int, bytes]],
+) -> dict[int, tuple[list[int], list[bytes]]]:
+    """``(group, block id, digest)`` triples as per-group (block ids, digests), in order:
+    the shape ``KVBuffers.write``/``matches`` take, one call per group."""
+    out: dict[int, tuple[list[int], list[bytes]]] = {}
+    for g, bid, digest in blocks:
+        bids, digests = out.setdefault(g, ([], []))
+        bids.append(bid)
+        digests.append(digest)
+    return out
 
 
 # ---------------------------------------------------------------------- the CLI
