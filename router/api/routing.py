@@ -80,6 +80,10 @@ def _candidates(decision: Decision) -> list[RouteCandidate]:
     return rows
 
 
+def _duplicate(request_id: str) -> ApiError:
+    return ApiError(409, "duplicate_request", f"request {request_id!r} is already in flight")
+
+
 @router.post(
     "/v1/route",
     response_model=RouteResponse,
@@ -106,8 +110,8 @@ async def route(
             422, "unknown_policy", f"unknown policy {policy!r}; expected one of {POLICY_NAMES}"
         )
     request_id = body.request_id or uuid.uuid4().hex
-    if request_id in core.inflight:
-        raise ApiError(409, "duplicate_request", f"request {request_id!r} is already in flight")
+    if request_id in core.inflight:  # checked first too, to spare scoring a duplicate
+        raise _duplicate(request_id)
     if body.workers == [] or (body.workers is None and not service.worker_ids()):
         raise ApiError(503, "no_workers", "no workers are registered to route to")
     scores = await service.score(
@@ -116,9 +120,7 @@ async def route(
     try:
         decision = core.route(request_id, body.token_ids, scores.workers, policy=policy)
     except DuplicateRequestError:  # raced with another route of the same id
-        raise ApiError(
-            409, "duplicate_request", f"request {request_id!r} is already in flight"
-        ) from None
+        raise _duplicate(request_id) from None
     try:
         endpoint = service.worker_spec(decision.worker_id).http_endpoint
     except KeyError:  # removed while we scored: still answer, without an endpoint
