@@ -27,7 +27,6 @@ from typing import Any
 import msgspec
 
 from offload_core.hit_rule import (
-    GroupSpec,
     group_max_hit,
     hit_step,
     longest_hit,
@@ -75,6 +74,7 @@ class ScoreResult(msgspec.Struct):
     workers: list[WorkerRow]
 
 
+_encoder = msgspec.json.Encoder()
 # (hit_tokens, hit_tokens_gpu, per-group rows, score) of one membership pattern.
 _Result = tuple[int, int, list[GroupRow], float]
 # bytes.translate table: media bitmask -> GPU-only bitmask.
@@ -103,6 +103,7 @@ class Scorer:
         ]
         # Block sizes seen so far: hashed up front so one fetch usually suffices.
         self._sizes: set[int] = set()
+        self._plans: dict[tuple[GroupMeta, ...], _Plan] = {}
 
     async def score(
         self,
@@ -116,7 +117,8 @@ class Scorer:
         res = await self.score_result(
             token_ids, worker_ids, lora_name=lora_name, cache_salt=cache_salt
         )
-        return ScoreResponse.model_validate(msgspec.to_builtins(res))
+        # Parsing the Structs' JSON in pydantic-core beats validating built-in objects.
+        return ScoreResponse.model_validate_json(_encoder.encode(res))
 
     async def score_result(
         self,
@@ -182,41 +184,43 @@ class Scorer:
 
     def _compute(
         self,
-        metas: Sequence[GroupMeta],
+        metas: tuple[GroupMeta, ...],
         any_lists: Sequence[bytes],
         n: int,
         memo: dict[object, Any],
     ) -> _Result:
-        """(hit_tokens, hit_tokens_gpu, per-group (hit, hit_gpu), score) for one pattern."""
-        specs = [m.spec() for m in metas]
-        step = hit_step(specs)
-        hit, own = _tier(specs, any_lists, n, step, memo)
-        if all(lst.translate(_GPU_ONLY) == lst for lst in any_lists):
+        """(hit_tokens, hit_tokens_gpu, per-group rows, score) for one pattern."""
+        plan = self._plans.get(metas)
+        if plan is None:
+            if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
+                self._plans.clear()
+            plan = self._plans[metas] = _Plan(metas)
+        hit, own = _tier(plan, any_lists, n, memo)
+        gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
+        if gpu_lists == list(any_lists):
             hit_gpu, own_gpu = hit, own
         else:
-            gpu_lists = _truncate(specs, [lst.translate(_GPU_ONLY) for lst in any_lists])
-            hit_gpu, own_gpu = _tier(specs, gpu_lists, n, step, memo)
-        score = max(self._weighted(hit, specs, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
+            hit_gpu, own_gpu = _tier(plan, _truncate(plan, gpu_lists), n, memo)
+        score = max(self._weighted(hit, plan, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
         rows = [
             GroupRow(g, m.kind, m.block_size, True, h, hg)
             for g, (m, h, hg) in enumerate(zip(metas, own, own_gpu, strict=True))
         ]
         return hit, hit_gpu, rows, round(score, 3)
 
-    def _weighted(self, p: int, specs: Sequence[GroupSpec], lists: Sequence[bytes]) -> float:
+    def _weighted(self, p: int, plan: _Plan, lists: Sequence[bytes]) -> float:
         """``p`` times the mean tier weight of every block the hit needs (see module doc)."""
         if p <= 0:
             return 0.0
         total = 0.0
         count = 0
         weight = self._weight
-        for spec, lst in zip(specs, lists, strict=True):
-            end = p // spec.block_size
-            rule = spec.rule
+        for (bs, rule, window_blocks), lst in zip(plan.shapes, lists, strict=True):
+            end = p // bs
             start = (
                 0
                 if rule == "full"
-                else max(0, end - spec.window_blocks)
+                else max(0, end - window_blocks)
                 if rule == "sliding"
                 else end - 1
             )
@@ -226,28 +230,42 @@ class Scorer:
         return p * total / count if count else float(p)
 
 
-def _truncate(specs: Sequence[GroupSpec], lists: list[bytes]) -> list[bytes]:
+class _Plan:
+    """What one group layout (a worker's tuple of ``GroupMeta``) needs, derived once per
+    scorer instead of once per worker and request: the specs, the hit step and each
+    group's (block size, rule, window blocks)."""
+
+    __slots__ = ("metas", "shapes", "specs", "step")
+
+    def __init__(self, metas: tuple[GroupMeta, ...]) -> None:
+        self.metas = metas
+        self.specs = [m.spec() for m in metas]
+        self.step = hit_step(self.specs)
+        self.shapes = [(s.block_size, s.rule, s.window_blocks) for s in self.specs]
+
+
+def _truncate(plan: _Plan, lists: list[bytes]) -> list[bytes]:
     """Cut lists as ``WorkerSnapshot`` documents (exact for the rule, shorter scans):
     full-attention lists at their first miss, the others after their last hit and at
     the shortest full-attention prefix."""
     bound: int | None = None
     out = list(lists)
-    for i, (spec, lst) in enumerate(zip(specs, lists, strict=True)):
-        if spec.rule == "full":
+    for i, ((bs, rule, _), lst) in enumerate(zip(plan.shapes, lists, strict=True)):
+        if rule == "full":
             z = lst.find(0)
             if z >= 0:
                 out[i] = lst[:z]
-            reach = len(out[i]) * spec.block_size
+            reach = len(out[i]) * bs
             bound = reach if bound is None else min(bound, reach)
-    for i, (spec, lst) in enumerate(zip(specs, lists, strict=True)):
-        if spec.rule != "full":
-            cut = lst if bound is None else lst[: bound // spec.block_size]
+    for i, ((bs, rule, _), lst) in enumerate(zip(plan.shapes, lists, strict=True)):
+        if rule != "full":
+            cut = lst if bound is None else lst[: bound // bs]
             out[i] = cut.rstrip(b"\0")
     return out
 
 
 def _tier(
-    specs: Sequence[GroupSpec], lists: Sequence[bytes], n: int, step: int, memo: dict[object, Any]
+    plan: _Plan, lists: Sequence[bytes], n: int, memo: dict[object, Any]
 ) -> tuple[int, list[int]]:
     """The joint hit and each group's own hit, for one tier.
 
@@ -255,14 +273,15 @@ def _tier(
     ``longest_hit`` starts its descent there: same answer, a much shorter scan. Group
     maxima are memoised per request: workers and tiers often share one group's list.
     """
+    step = plan.step
     top = max_candidate(n, step)
     own = []
-    for spec, lst in zip(specs, lists, strict=True):
-        limit = min(top, (len(lst) * spec.block_size // step) * step)
+    for meta, spec, lst in zip(plan.metas, plan.specs, lists, strict=True):
+        limit = min(top, (len(lst) * meta.block_size // step) * step)
         if limit <= 0:
             own.append(0)
             continue
-        key = (spec, lst, limit, step)
+        key = (meta, lst, limit, step)  # GroupMeta hashes in C, GroupSpec in Python
         got = memo.get(key)
         if got is None:
             got = memo[key] = group_max_hit(spec, lst, limit, step)
@@ -270,7 +289,7 @@ def _tier(
     bound = min(own)
     if bound <= 0 or bound == max(own):
         return max(bound, 0), own  # every group accepts ``bound``: it is the answer
-    return longest_hit(bound + 1, specs, lists), own
+    return longest_hit(bound + 1, plan.specs, lists), own
 
 
 def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+
 import msgspec
 import pytest
 from _kv_streams import EventSource, Harness, tokens
 
+from router.hash_modes import chain_keys, request_keys, root_digest
 from router.index import make_index
 from router.scoring import GroupRow, Scorer, ScoreResult, WorkerRow
 from schemas.rest import GroupScore, ScoreResponse, WorkerScore
@@ -150,3 +154,23 @@ async def test_encoded_result_equals_the_validated_model_json(harness: Harness) 
     scores = {w.worker_id: w.score for w in model.workers}
     assert scores["cpu"] != int(scores["cpu"])  # a fractional score was compared too
     assert not next(w for w in model.workers if w.worker_id == "gapped").learned
+
+
+@pytest.mark.parametrize("bs", [1, 16, 32])
+def test_request_keys_fast_path_equals_the_per_block_chain(bs: int) -> None:
+    """The hot path (one struct.pack, ints converted in bulk) keys blocks exactly like
+    the plain per-block definition ``sha256(parent || int32 tokens)[:8]``; tokens that do
+    not fit in int32 take the per-block path and still chain."""
+    toks = tokens(7 * bs + 3, seed=bs)
+    n = len(toks) // bs
+    parent = root_digest("lora", "salt")
+    want = []
+    for i in range(n):
+        parent = hashlib.sha256(parent + array("i", toks[i * bs : (i + 1) * bs]).tobytes())
+        parent = parent.digest()[:8]
+        want.append(int.from_bytes(parent, "big"))
+    assert request_keys(toks, bs, "lora", "salt") == want
+    assert chain_keys(root_digest("lora", "salt"), toks, bs, n, [None] * n) == want
+    wide = [*toks[:bs], 2**40, *toks[bs + 1 :]]
+    got = request_keys(wide, bs, "lora", "salt")
+    assert got[0] == want[0] and len(got) == n and len(set(got[1:]) & set(want)) == 0
