@@ -137,6 +137,7 @@ async def bench_ingest(
         await asyncio.sleep(0.3)  # past the on-connect catch-up: nothing buffered yet
         targets = {w: ep["batches"] - 1 for w, ep in info["workers"].items()}
         gc.collect()
+        s0 = await _redis_cpu(index) if kind == "redis" else 0.0
         c0 = time.process_time()
         t0 = time.perf_counter()
         child.stdin.write("go\n")
@@ -150,6 +151,7 @@ async def bench_ingest(
                 raise RuntimeError("ingest did not finish")
         dt = time.perf_counter() - t0
         cpu = time.process_time() - c0
+        server_cpu = (await _redis_cpu(index)) - s0 if kind == "redis" else None
         child.stdin.write("done\n")
         child.stdin.flush()
         dropped = json.loads(child.stdout.readline())["dropped"]
@@ -167,11 +169,19 @@ async def bench_ingest(
         "seconds": round(dt, 3),
         "block_events_per_s": round(total / dt),
         "block_events_per_router_cpu_s": round(total / cpu) if cpu > 0 else None,
+        # redis-server's own CPU (INFO cpu): on 2 shared cores the three processes
+        # (publishers, router, redis) compete, so wall time follows their CPU sum.
+        "redis_server_cpu_s": round(server_cpu, 3) if server_cpu is not None else None,
         "gaps": sum(c.gaps for c in counters),
         "resyncs": sum(c.resyncs for c in counters),
         "publisher_dropped": dropped,
         "index_entries": entries,
     }
+
+
+async def _redis_cpu(index: Any) -> float:
+    info = await index._r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 # ---------------------------------------------------------------------- child: HTTP server
@@ -311,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['block_events_per_s']:>9,} block events/s end to end "
             f"({r['block_events']:,} in {r['seconds']} s; "
             f"{r['block_events_per_router_cpu_s']:,} per router CPU-second; "
-            f"gaps {r['gaps']}, dropped {r['publisher_dropped']})"
+            + (
+                f"redis-server CPU {r['redis_server_cpu_s']} s; "
+                if r["redis_server_cpu_s"] is not None
+                else ""
+            )
+            + f"gaps {r['gaps']}, dropped {r['publisher_dropped']})"
         )
     for r in res["score_http"]:
         print(

@@ -152,12 +152,22 @@ while i <= nargs do
             redis.call('HDEL', E, unpack(hs_))
             redis.call('SADD', REV, T, P .. 'u:' .. bs)
             local size = redis.call('HLEN', T)
-            for j, k in ipairs(drop) do
-              size = size + redis.call('HSET', T, hs_[j], k)
+            -- Chunks that can at most fill the generation: the rename happens after the
+            -- same mapping as one HSET per mapping would (each adds at most one field).
+            local j = 1
+            while j <= #drop do
+              local last = math.min(#drop, j + math.max(CAP - size, 1) - 1)
+              local pairs_ = {}
+              for q = j, last do
+                pairs_[#pairs_ + 1] = hs_[q]
+                pairs_[#pairs_ + 1] = drop[q]
+              end
+              size = size + redis.call('HSET', T, unpack(pairs_))
               if size >= CAP then  -- a new generation of ghosts; the oldest goes
                 redis.call('RENAME', T, P .. 'u:' .. bs)
                 size = 0
               end
+              j = last + 1
             end
           end
         end

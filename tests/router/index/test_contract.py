@@ -318,3 +318,25 @@ async def test_ghost_mappings_are_bounded_in_two_generations(
         assert groups[0].blocks_by_medium == {"GPU": 3}
     finally:
         await h.index.close()
+
+
+async def test_ghost_generations_roll_inside_one_removal(
+    backend_kind: str, request: pytest.FixtureRequest
+) -> None:
+    """One removal leaving more blocks than a generation holds rolls generations at the
+    same mappings as one-by-one removals would (redis writes ghosts in chunks)."""
+    url = request.getfixturevalue("redis_url") if backend_kind == "redis" else None
+    h = Harness.build(make_index(backend_kind, url, ghost_entries=3))
+    src = EventSource()
+    toks = tokens(9 * BS + 1)
+    try:
+        await h.feed(W, src.store(toks, BS, 0, 9))
+        # ghosts {0,1,2} -> older, {3,4,5} replace them as older, {6} is the newer one
+        await h.feed(W, src.remove(toks, BS, range(7)))
+        await h.feed(W, src.store(toks, BS, 3, 4))  # parent 2 forgotten
+        assert h.ingestor.counters.unknown_parent == 1
+        await h.feed(W, src.store(toks, BS, 5, 6))  # parent 4: older generation
+        await h.feed(W, src.store(toks, BS, 7, 8))  # parent 6: newer generation
+        assert h.ingestor.counters.unknown_parent == 1
+    finally:
+        await h.index.close()
