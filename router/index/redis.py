@@ -267,7 +267,7 @@ class RedisIndex(IndexBackend):
         args: list[Any] = [prefix, self._ghost_cap]
         for op in ops:
             if isinstance(op, ClearOp):
-                args.append(3)
+                args.append(b"3")
                 self._forget(worker_id)
                 continue
             bs = groups[op.group].block_size
@@ -277,14 +277,18 @@ class RedisIndex(IndexBackend):
                 self._remember(worker_id, bs, dict(zip(op.hashes, op.keys, strict=True)))
             else:  # the server may drop these map entries: ask it again when needed
                 self._unremember(worker_id, bs, op.hashes)
+            tail = " ".join(map(str, (op.group, bs, op.medium_bit)))
+            sib_tail = " ".join(map(str, (len(sibs), *sibs)))
             for lo in range(0, len(op.hashes), _OP_CHUNK):  # Lua's unpack() has a limit
                 hashes = [encode_hash(h) for h in op.hashes[lo : lo + _OP_CHUNK]]
-                args += [1 if store else 2, op.group, bs, op.medium_bit, len(sibs), *sibs]
                 width = len(hashes[0])
-                if all(len(h) == width for h in hashes):
-                    args += [len(hashes), width, b"".join(hashes)]
+                same = all(len(h) == width for h in hashes)
+                head = f"{1 if store else 2} {tail} {len(hashes)} {width if same else 0} {sib_tail}"
+                args.append(head.encode())
+                if same:
+                    args.append(b"".join(hashes))
                 else:
-                    args += [len(hashes), 0, *hashes]
+                    args += hashes
                 if isinstance(op, StoreOp):
                     keys = op.keys[lo : lo + _OP_CHUNK]
                     args.append(b"".join(k.to_bytes(8, "big") for k in keys))
@@ -293,7 +297,7 @@ class RedisIndex(IndexBackend):
     async def clear_worker(self, worker_id: str) -> None:
         self._forget(worker_id)
         prefix = worker_prefix(worker_id)
-        await self._eval("APPLY", [prefix + "keys"], [prefix, self._ghost_cap, 3])
+        await self._eval("APPLY", [prefix + "keys"], [prefix, self._ghost_cap, b"3"])
 
     async def remove_worker(self, worker_id: str) -> None:
         await self.clear_worker(worker_id)

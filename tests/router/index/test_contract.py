@@ -340,3 +340,24 @@ async def test_ghost_generations_roll_inside_one_removal(
         assert h.ingestor.counters.unknown_parent == 1
     finally:
         await h.index.close()
+
+
+async def test_engine_hashes_of_mixed_widths_in_one_op(harness: Harness) -> None:
+    """Signed (negative) int hashes encode wider than 64-bit ones: one op mixing them
+    takes redis's one-argument-per-hash path; both backends agree on the outcome."""
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    ev = src.store(toks, BS, 0, 4)
+    ev.block_hashes = [-5, 7, -123_456_789, 2**63 + 1]
+    await harness.feed(W, ev)
+    assert (await harness.one(toks, W)).hit_tokens == 64
+    gone = src.remove(toks, BS, [3])
+    gone.block_hashes = [2**63 + 1, -1]  # -1 was never stored
+    await harness.feed(W, gone)
+    assert (await harness.one(toks, W)).hit_tokens == 48
+    assert harness.ingestor.counters.blocks_removed_missing == 1
+    child = src.store(toks, BS, 3, 4)
+    child.block_hashes, child.parent_block_hash = [99], -123_456_789
+    await harness.feed(W, child)
+    assert (await harness.one(toks, W)).hit_tokens == 64
+    assert harness.ingestor.counters.unknown_parent == 0
