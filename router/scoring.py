@@ -225,8 +225,15 @@ class Scorer:
                 else end - 1
             )
             needed = lst[start:end]
-            total += sum(map(weight.__getitem__, needed))
-            count += len(needed)
+            k = len(needed)
+            w = weight[needed[0]] if k else 0.0
+            if k and w.is_integer() and needed.count(needed[0]) == k:
+                # One tier throughout (the usual case) with an integral weight: adding k
+                # copies of w is exact, so w * k is the very float the sum would give.
+                total += w * k
+            else:
+                total += sum(map(weight.__getitem__, needed))
+            count += k
         return p * total / count if count else float(p)
 
 

@@ -174,3 +174,19 @@ def test_request_keys_fast_path_equals_the_per_block_chain(bs: int) -> None:
     wide = [*toks[:bs], 2**40, *toks[bs + 1 :]]
     got = request_keys(wide, bs, "lora", "salt")
     assert got[0] == want[0] and len(got) == n and len(set(got[1:]) & set(want)) == 0
+
+
+@pytest.mark.parametrize("cpu_weight", [0.8, 2.0, 0.0, 1.0])
+async def test_single_tier_weight_matches_the_blockwise_sum(
+    harness: Harness, cpu_weight: float
+) -> None:
+    """A hit held on one tier throughout scores exactly like the block-by-block sum,
+    integral weights (the w * k shortcut) and fractional ones alike."""
+    src = EventSource()
+    toks = tokens(9 * BS + 1)
+    await harness.feed("w", src.store(toks, BS, 0, 9, medium="CPU"))
+    scorer = Scorer(harness.index, tier_weights={"CPU": cpu_weight})
+    got = (await scorer.score(toks, ["w"])).workers[0]
+    assert got.hit_tokens == 144 and got.hit_tokens_gpu == 0
+    blockwise = sum([cpu_weight] * 9)
+    assert got.score == round(144 * blockwise / 9, 3)
