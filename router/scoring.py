@@ -81,6 +81,12 @@ _Result = tuple[int, int, list[GroupRow], float]
 _GPU_ONLY = bytes((m & GPU_BIT) for m in range(256))
 
 
+def to_response(result: ScoreResult) -> ScoreResponse:
+    """The pydantic model of a result (parsing the Structs' JSON in pydantic-core beats
+    validating built-in objects)."""
+    return ScoreResponse.model_validate_json(_encoder.encode(result))
+
+
 class Scorer:
     """Scores requests against an index; holds no per-request state."""
 
@@ -117,8 +123,7 @@ class Scorer:
         res = await self.score_result(
             token_ids, worker_ids, lora_name=lora_name, cache_salt=cache_salt
         )
-        # Parsing the Structs' JSON in pydantic-core beats validating built-in objects.
-        return ScoreResponse.model_validate_json(_encoder.encode(res))
+        return to_response(res)
 
     async def score_result(
         self,

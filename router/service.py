@@ -24,7 +24,7 @@ from router.index import IndexBackend, IndexUnavailable, make_index
 from router.ingest import Ingestor
 from router.logging_setup import event_extra
 from router.metrics import RouterMetrics
-from router.scoring import Scorer
+from router.scoring import Scorer, ScoreResult, to_response
 from router.subscriber import InvalidEndpoint, WorkerSubscription
 from schemas.rest import ScoreResponse, WorkerInfo
 
@@ -256,8 +256,21 @@ class RouterService:
         lora_name: str | None = None,
         cache_salt: str | None = None,
     ) -> ScoreResponse:
-        """Score the named workers (default: all); raises ``UnknownWorker`` or
-        ``IndexUnavailable``."""
+        """``score_result`` as the pydantic model (for callers that read or dump it)."""
+        return to_response(
+            await self.score_result(token_ids, workers, lora_name=lora_name, cache_salt=cache_salt)
+        )
+
+    async def score_result(
+        self,
+        token_ids: list[int],
+        workers: list[str] | None = None,
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> ScoreResult:
+        """Score the named workers (default: all), best first, as msgspec Structs whose
+        JSON is the API's answer; raises ``UnknownWorker`` or ``IndexUnavailable``."""
         if workers is None:
             worker_ids = self.worker_ids()
         else:
@@ -266,7 +279,7 @@ class RouterService:
                     raise UnknownWorker(w)
             worker_ids = list(dict.fromkeys(workers))
         t0 = time.perf_counter()
-        result = await self.scorer.score(
+        result = await self.scorer.score_result(
             token_ids, worker_ids, lora_name=lora_name, cache_salt=cache_salt
         )
         self.metrics.score_latency.observe(time.perf_counter() - t0)

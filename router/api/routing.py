@@ -59,7 +59,7 @@ def routing_config(settings: Any) -> RoutingConfig:
     )
 
 
-def get_core(service: RouterService = Depends(get_service)) -> RoutingCore:
+async def get_core(service: RouterService = Depends(get_service)) -> RoutingCore:
     return service.routing  # type: ignore[attr-defined, no-any-return]
 
 
@@ -114,7 +114,7 @@ async def route(
         raise _duplicate(request_id)
     if body.workers == [] or (body.workers is None and not service.worker_ids()):
         raise ApiError(503, "no_workers", "no workers are registered to route to")
-    scores = await service.score(
+    scores = await service.score_result(
         body.token_ids, body.workers, lora_name=body.lora_name, cache_salt=body.cache_salt
     )
     try:
