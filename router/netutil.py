@@ -1,8 +1,11 @@
-"""Small socket helpers shared by the demo, benchmarks and tests."""
+"""Small socket helpers (TCP listeners, free ports, ZMQ connects) shared by the router,
+the demo, benchmarks and tests."""
 
 from __future__ import annotations
 
 import socket
+
+import zmq
 
 
 def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -38,3 +41,18 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 def free_port(host: str = "127.0.0.1") -> int:
     """One port that was free a moment ago; see ``free_ports``."""
     return free_ports(1, host)[0]
+
+
+class InvalidEndpoint(ValueError):
+    """ZMQ refused the endpoint (wildcard host, bad scheme, ...)."""
+
+
+def connect_endpoint(sock: zmq.Socket, endpoint: str) -> None:
+    """Connect ``sock``; a refused endpoint becomes ``InvalidEndpoint`` with a hint."""
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        raise InvalidEndpoint(
+            f"cannot connect to {endpoint!r} ({exc.strerror}); name a host and port the "
+            "engine binds, e.g. tcp://10.0.0.5:5557"
+        ) from None

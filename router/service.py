@@ -24,8 +24,9 @@ from router.index import IndexBackend, IndexUnavailable, make_index
 from router.ingest import Ingestor
 from router.logging_setup import event_extra
 from router.metrics import RouterMetrics
+from router.netutil import InvalidEndpoint
 from router.scoring import Scorer, ScoreResult, to_response
-from router.subscriber import InvalidEndpoint, WorkerSubscription
+from router.subscriber import WorkerSubscription
 from schemas.rest import ScoreResponse, WorkerInfo
 
 log = logging.getLogger(__name__)

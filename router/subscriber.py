@@ -36,6 +36,7 @@ from zmq.utils.monitor import parse_monitor_message
 from router.config import RouterSettings, WorkerSpec
 from router.index_writer import IndexWriter
 from router.logging_setup import event_extra
+from router.netutil import InvalidEndpoint, connect_endpoint
 from router.replay import ReplayFailed, ReplayFrame, request_replay
 from router.sequencing import SeqTracker, Verdict
 from schemas import DecodeError, DecodeStats, KVEventBatch, decode_batch
@@ -52,10 +53,6 @@ _IDLE_POLL_MS = 250
 # Delay from a TCP connect to the catch-up replay: by then the subscription has reached
 # the publisher, so nothing published after the replay's answer can be missed.
 CATCH_UP_DELAY_S = 0.15
-
-
-class InvalidEndpoint(ValueError):
-    """ZMQ refused the endpoint (wildcard host, bad scheme, ...)."""
 
 
 @dataclass
@@ -75,16 +72,6 @@ class WorkerCounters:
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def connect_endpoint(sock: zmq.Socket, endpoint: str) -> None:
-    try:
-        sock.connect(endpoint)
-    except zmq.ZMQError as exc:
-        raise InvalidEndpoint(
-            f"cannot connect to {endpoint!r} ({exc.strerror}); name a host and port the "
-            "engine binds, e.g. tcp://10.0.0.5:5557"
-        ) from None
 
 
 class WorkerSubscription:

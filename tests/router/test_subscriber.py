@@ -17,9 +17,9 @@ import zmq.asyncio
 from _helpers import FakeEngine, batch, removed, stored, wait_until
 
 from router.config import RouterSettings, WorkerSpec
+from router.netutil import InvalidEndpoint
 from router.sequencing import SeqTracker, Verdict
 from router.service import RouterService
-from router.subscriber import InvalidEndpoint
 
 BS = 4
 
