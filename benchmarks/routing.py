@@ -7,7 +7,7 @@
     .venv/bin/python benchmarks/routing.py --out benchmarks/results/routing.md
 
 A thin wrapper over ``kvroute bench routing`` / ``kvroute bench hma`` (router.bench): the
-same replay, printed as the table docs/readme/routing.md quotes. Extra arguments are
+same replay, printed as the table the README's routing section quotes. Extra arguments are
 passed through (``--workers``, ``--gpu-blocks``, ``--weights``, ``--seed``, ...).
 """
 

@@ -115,7 +115,7 @@ class RouterSettings(BaseSettings):
     recent_routes: int = Field(default=200, ge=1)
     # Dashboard stream (/v1/stream): seconds between summaries
     stream_period_s: float = Field(default=1.0, gt=0)
-    # Routing (/v1/route; see router.policy and docs/readme/routing.md)
+    # Routing (/v1/route; see router.policy and the README's routing section)
     route_policy: str = "kv_aware"
     route_weights: dict[str, float] = Field(
         default_factory=dict, description="kv_aware weight overrides, e.g. {decode: 128}"

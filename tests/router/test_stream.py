@@ -448,7 +448,7 @@ async def test_every_exported_metric_is_documented():
     table = readme[readme.index("### Prometheus metrics") :]
     table = table[: table.index("\n### ", 1)]
     names = re.compile(r"`(kvroute_[a-z_]+)`")
-    in_fragment = set(names.findall(table))
+    in_table = set(names.findall(table))
     documented = set(names.findall(readme))
     app = create_app(settings=RouterSettings())
     async with serve_app(app) as client:
@@ -460,7 +460,7 @@ async def test_every_exported_metric_is_documented():
     }
     assert len(exported) > 30
     assert exported <= documented, f"undocumented: {sorted(exported - documented)}"
-    stale = sorted(in_fragment - exported)
+    stale = sorted(in_table - exported)
     assert not stale, f"documented, not exported: {stale}"
 
 
