@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -231,3 +232,39 @@ async def wait_seq(
         return info if info["last_seq"].get(str(rank), -1) >= seq else None
 
     return await wait_until(done, what=f"{worker_id} rank {rank} seq {seq}")  # type: ignore[no-any-return]
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, int | None, Any]]:
+    """Parse an SSE body into (event, id, JSON data)."""
+    event, msg_id, data = "message", None, []
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                yield event, msg_id, json.loads("\n".join(data))
+            event, msg_id, data = "message", None, []
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                event = value
+            elif name == "id":
+                msg_id = int(value)
+            elif name == "data":
+                data.append(value)
+
+
+async def read_n(
+    client: httpx.AsyncClient, n: int, path: str = "/s", headers: dict[str, str] | None = None
+) -> list[tuple[int, Any]]:
+    out = []
+    async with client.stream("GET", path, headers=headers) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        async for event, msg_id, data in sse_events(r):
+            assert event == "summary" and msg_id is not None
+            out.append((msg_id, data))
+            if len(out) == n:
+                break
+    return out
