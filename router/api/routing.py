@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from router.api.deps import ApiError, get_service, require_read_key, require_write_key
 from router.api.scoring import check_request_size
+from router.config import RouterSettings
 from router.policy import DEFAULT_POLICY, POLICY_NAMES, PolicyWeights
 from router.routing_state import Decision, DuplicateRequestError, RoutingConfig, RoutingCore
 from router.service import RouterService
@@ -34,28 +34,25 @@ router = APIRouter(tags=["routing"])
 EXPIRE_INTERVAL_S = 1.0
 
 
-def routing_config(settings: Any) -> RoutingConfig:
-    """``RoutingConfig`` from router settings (``route_*`` fields; defaults when absent);
-    ``ValueError`` for an unknown policy or weight name."""
-    base = RoutingConfig()
-    overrides = dict(getattr(settings, "route_weights", None) or {})
+def routing_config(settings: RouterSettings) -> RoutingConfig:
+    """``RoutingConfig`` from the router settings' ``route_*`` fields; ``ValueError`` for
+    an unknown policy or weight name."""
+    overrides = dict(settings.route_weights)
     known = {f.name for f in dataclasses.fields(PolicyWeights)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown route weight(s) {unknown}; expected some of {sorted(known)}")
-    policy = getattr(settings, "route_policy", None) or DEFAULT_POLICY
+    policy = settings.route_policy or DEFAULT_POLICY
     if policy not in POLICY_NAMES:
         raise ValueError(f"unknown route_policy {policy!r}; expected one of {POLICY_NAMES}")
     return RoutingConfig(
         weights=dataclasses.replace(PolicyWeights(), **overrides),
         default_policy=policy,
-        inflight_ttl_s=getattr(settings, "route_inflight_ttl_s", base.inflight_ttl_s),
-        prefill_tps=getattr(settings, "route_prefill_tps", base.prefill_tps),
-        predict_ttl_s=getattr(settings, "route_predict_ttl_s", base.predict_ttl_s),
-        prefix_block_tokens=getattr(
-            settings, "route_prefix_block_tokens", base.prefix_block_tokens
-        ),
-        seed=getattr(settings, "route_seed", None),
+        inflight_ttl_s=settings.route_inflight_ttl_s,
+        prefill_tps=settings.route_prefill_tps,
+        predict_ttl_s=settings.route_predict_ttl_s,
+        prefix_block_tokens=settings.route_prefix_block_tokens,
+        seed=settings.route_seed,
     )
 
 

@@ -156,7 +156,8 @@ class Fleet:
         now = req.arrival
         await self.advance(now)
         tokens = req.token_ids if packed is None else packed
-        scores = await self.scorer.score(tokens, self.worker_ids)  # type: ignore[arg-type]
+        # Structs, not the pydantic model: the policy reads the same attributes.
+        scores = await self.scorer.score_result(tokens, self.worker_ids)  # type: ignore[arg-type]
         decision = self.core.route(
             req.request_id, req.token_ids, scores.workers, policy=self.policy, now=now
         )
