@@ -42,6 +42,7 @@ from router.index.base import (
     IndexBackend,
     WorkerSnapshot,
 )
+from router.store_placement import block_keys_at
 from schemas.rest import ScoreResponse
 
 DEFAULT_TIER_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
@@ -107,8 +108,10 @@ class Scorer:
             else 0.0
             for m in range(256)
         ]
-        # Block sizes seen so far: hashed up front so one fetch usually suffices.
+        # Block sizes seen so far (and the hash unit last seen with each): hashed up
+        # front so one fetch usually suffices.
         self._sizes: set[int] = set()
+        self._units: dict[int, int] = {}
         self._plans: dict[tuple[GroupMeta, ...], _Plan] = {}
 
     async def score(
@@ -133,24 +136,39 @@ class Scorer:
         lora_name: str | None = None,
         cache_salt: str | None = None,
     ) -> ScoreResult:
-        """Rows best first, as Structs; ``msgspec.json.encode`` gives the API's answer."""
-        keys: dict[int, Sequence[BlockKey]] = {
-            bs: request_keys(token_ids, bs, lora_name, cache_salt) for bs in self._sizes
-        }
+        """Rows best first, as Structs; ``msgspec.json.encode`` gives the API's answer.
+
+        Keys are chained at each worker's hash unit (a group of block size ``k * unit``
+        reads every ``k``-th unit key). One fetch asks with the unit last seen for each
+        block size; workers whose unit or block sizes differ are asked again.
+        """
+        chains: dict[int, list[BlockKey]] = {}
+
+        def keys_for(bs: int, unit: int | None) -> list[BlockKey]:
+            u = unit if unit and bs % unit == 0 else bs
+            units = chains.get(u)
+            if units is None:
+                units = chains[u] = request_keys(token_ids, u, lora_name, cache_salt)
+            return block_keys_at(units, bs // u)
+
+        used = {bs: self._units.get(bs) or bs for bs in self._sizes}
+        keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
         snaps = await self.index.fetch(worker_ids, keys)
-        missing = {
-            m.block_size
-            for s in snaps.values()
-            if s is not None
-            for g, m in s.groups.items()
-            if g not in s.masks
-        }
-        if missing:  # a block size never seen by this scorer: hash it and ask again
-            self._sizes |= missing
-            for bs in missing:
-                keys[bs] = request_keys(token_ids, bs, lora_name, cache_salt)
-            again = [w for w, s in snaps.items() if s is not None and len(s.masks) < len(s.groups)]
-            snaps.update(await self.index.fetch(again, keys))
+        again: dict[int | None, list[str]] = {}
+        for wid, snap in snaps.items():
+            if snap is None:
+                continue
+            unit = snap.hash_unit
+            for g, m in snap.groups.items():
+                if g not in snap.masks or used.get(m.block_size) != (unit or m.block_size):
+                    again.setdefault(unit, []).append(wid)
+                    break
+        for unit, wids in again.items():
+            sizes = {m.block_size for w in wids for m in snaps[w].groups.values()}  # type: ignore[union-attr]
+            for bs in sizes:
+                self._sizes.add(bs)
+                self._units[bs] = unit or bs
+            snaps.update(await self.index.fetch(wids, {bs: keys_for(bs, unit) for bs in sizes}))
         n = len(token_ids)
         memo: dict[object, Any] = {}
         rows = [self._worker(wid, snaps.get(wid), n, memo) for wid in dict.fromkeys(worker_ids)]

@@ -90,7 +90,12 @@ Op = StoreOp | RemoveOp | ClearOp
 
 @dataclass
 class ApplyResult:
-    """What one ``apply`` changed; idempotent repeats are counted apart."""
+    """What one ``apply`` changed.
+
+    ``stored_repeat`` counts stores of a (group, key, medium) already held: another
+    physical copy (vLLM does not de-duplicate), so the entry now has one more copy;
+    ``removed`` counts removals of a held copy (the entry goes with its last copy).
+    """
 
     stored: int = 0
     stored_repeat: int = 0
@@ -104,12 +109,41 @@ class ApplyResult:
         self.removed_missing += other.removed_missing
 
 
+class EngineSettings(msgspec.Struct, frozen=True, array_like=True):
+    """An engine's cache settings that its events do not carry (registration fields).
+
+    ``hash_block_size``: the unit vLLM hashes its one chain at (None: learned as the
+    smallest block size a store shows); ``eagle``: EAGLE/MTP drops the last matched
+    block; ``partial_hash_hits``: hits align to the hash unit instead of the lcm of the
+    groups' block sizes (mamba align with blocks larger than the unit).
+    """
+
+    hash_block_size: int | None = None
+    eagle: bool = False
+    partial_hash_hits: bool = False
+
+
 @dataclass
 class WorkerState:
-    """A worker's metadata as persisted in the backend."""
+    """A worker's metadata as persisted in the backend.
+
+    ``hash_unit`` is the unit its block keys are chained at (registered or learned);
+    a group of block size ``k * hash_unit`` keys its block ``i`` by unit key ``(i+1)k-1``.
+    """
 
     groups: dict[int, GroupMeta] = field(default_factory=dict)
     hash_mode: str = "unknown"
+    hash_unit: int | None = None
+    settings: EngineSettings = field(default_factory=EngineSettings)
+
+    def copy(self, groups: dict[int, GroupMeta] | None = None) -> WorkerState:
+        """A copy that shares no mutable dict (optionally with other groups)."""
+        return WorkerState(
+            dict(self.groups if groups is None else groups),
+            self.hash_mode,
+            self.hash_unit,
+            self.settings,
+        )
 
 
 @dataclass
@@ -127,6 +161,8 @@ class WorkerSnapshot:
 
     groups: dict[int, GroupMeta]
     masks: dict[int, bytes]
+    hash_unit: int | None = None
+    settings: EngineSettings = field(default_factory=EngineSettings)
 
 
 class IndexBackend(ABC):
@@ -173,9 +209,10 @@ class IndexBackend(ABC):
         self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
     ) -> ApplyResult:
         """Apply ``ops`` in order. ``groups`` is the worker's full group metadata (every
-        group an op names must be in it). Store/remove are idempotent per
-        (worker, group, key, medium); a key whose mask drops to 0 is deleted, and its map
-        entry too once no group of that block size holds the key."""
+        group an op names must be in it). Entries count copies per
+        (worker, group, key, medium): a store adds one, a removal takes one, and the
+        medium's bit goes with the last copy; a key whose mask drops to 0 is deleted,
+        and its map entry too once no group of that block size holds the key."""
 
     async def apply_many(
         self, items: Sequence[tuple[str, dict[int, GroupMeta], Sequence[Op]]]

@@ -33,6 +33,7 @@ from router.index.base import (
     BlockKey,
     ClearOp,
     EngineHash,
+    EngineSettings,
     GroupMeta,
     IndexBackend,
     IndexUnavailable,
@@ -53,6 +54,11 @@ _OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack
 class _State(msgspec.Struct, array_like=True):
     hash_mode: str
     groups: dict[int, GroupMeta]
+    hash_unit: int | None = None
+    settings: EngineSettings = EngineSettings()
+
+    def worker_state(self) -> WorkerState:
+        return WorkerState(dict(self.groups), self.hash_mode, self.hash_unit, self.settings)
 
 
 _state_enc = msgspec.msgpack.Encoder()
@@ -225,11 +231,12 @@ class RedisIndex(IndexBackend):
         raw = await self._call(lambda: self._r.hget(worker_prefix(worker_id) + "meta", "state"))
         if raw is None:
             return None
-        st = _state_dec.decode(raw)
-        return WorkerState(dict(st.groups), st.hash_mode)
+        return _state_dec.decode(raw).worker_state()
 
     async def save_worker(self, worker_id: str, state: WorkerState) -> None:
-        blob = _state_enc.encode(_State(state.hash_mode, state.groups))
+        blob = _state_enc.encode(
+            _State(state.hash_mode, state.groups, state.hash_unit, state.settings)
+        )
         meta = worker_prefix(worker_id) + "meta"
 
         async def run() -> None:
@@ -392,5 +399,5 @@ class RedisIndex(IndexBackend):
                 continue
             st = _state_dec.decode(reply[0])
             masks = {int(reply[i]): bytes(reply[i + 1]) for i in range(1, len(reply), 2)}
-            out[w] = WorkerSnapshot(dict(st.groups), masks)
+            out[w] = WorkerSnapshot(dict(st.groups), masks, st.hash_unit, st.settings)
         return out

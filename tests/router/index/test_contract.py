@@ -11,7 +11,9 @@ W = "w1"
 BS = 16
 
 
-async def test_store_and_remove_are_idempotent(harness: Harness) -> None:
+async def test_copies_are_counted_and_the_last_copy_removes(harness: Harness) -> None:
+    """vLLM keeps duplicate blocks: each store of a held (group, hash) is one more copy,
+    each BlockRemoved takes one, and the block stays hittable until its last copy goes."""
     src = EventSource()
     toks = tokens(10 * BS + 1)
     await harness.feed(W, src.store(toks, BS, 0, 10))
@@ -20,11 +22,24 @@ async def test_store_and_remove_are_idempotent(harness: Harness) -> None:
     assert (c.blocks_stored, c.blocks_stored_repeat) == (10, 14)
     assert (await harness.one(toks, W)).hit_tokens == 10 * BS
 
+    # Blocks 6-7 have two copies: one removal each leaves them cached.
+    await harness.feed(W, src.remove(toks, BS, [6, 7]))
+    assert (c.blocks_removed, c.blocks_removed_missing) == (2, 0)
+    assert (await harness.one(toks, W)).hit_tokens == 10 * BS
+    assert (await harness.ingestor.worker_groups(W))[0].blocks_by_medium == {"GPU": 10}
+    # The last copies go: the prefix stops at block 6; a third removal finds nothing.
     await harness.feed(W, src.remove(toks, BS, [6, 7]), src.remove(toks, BS, [6, 7]))
-    assert (c.blocks_removed, c.blocks_removed_missing) == (2, 2)
+    assert (c.blocks_removed, c.blocks_removed_missing) == (4, 2)
     assert (await harness.one(toks, W)).hit_tokens == 6 * BS
+    assert (await harness.ingestor.worker_groups(W))[0].blocks_by_medium == {"GPU": 8}
     stats = await harness.index.stats()
     assert stats["entries"] == 8 and stats["workers"] == 1
+    # Blocks 0-3 were stored three times: three removals to forget them.
+    for _ in range(2):
+        await harness.feed(W, src.remove(toks, BS, [0]))
+    assert (await harness.one(toks, W)).hit_tokens == 6 * BS
+    await harness.feed(W, src.remove(toks, BS, [0]))
+    assert (await harness.one(toks, W)).hit_tokens == 0
 
 
 async def test_media_are_tracked_per_block(harness: Harness) -> None:
