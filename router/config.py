@@ -22,6 +22,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from router.index.base import EngineSettings
 from schemas.rest import WORKER_ID_PATTERN
 
 ENV_PREFIX = "KVROUTE_"
@@ -39,6 +40,13 @@ class WorkerSpec(BaseModel):
     topic: str = ""
     model: str | None = None
     http_endpoint: str | None = None
+    # The engine's cache settings its events do not carry (see docs/vllm.md).
+    hash_block_size: int | None = Field(default=None, ge=1)
+    eagle: bool = False
+    partial_hash_hits: bool = False
+
+    def engine_settings(self) -> EngineSettings:
+        return EngineSettings(self.hash_block_size, self.eagle, self.partial_hash_hits)
 
 
 _SPEC_KEYS = {
@@ -48,11 +56,15 @@ _SPEC_KEYS = {
     "model": "model",
     "http": "http_endpoint",
     "http_endpoint": "http_endpoint",
+    "hash_block_size": "hash_block_size",
+    "eagle": "eagle",
+    "partial_hash_hits": "partial_hash_hits",
 }
 
 
 def parse_worker_spec(text: str) -> WorkerSpec:
-    """``ID=ENDPOINT[,replay=EP][,topic=T][,http=URL][,model=M]`` -> ``WorkerSpec``."""
+    """``ID=ENDPOINT[,replay=EP][,topic=T][,http=URL][,model=M][,hash_block_size=N]
+    [,eagle=true][,partial_hash_hits=true]`` -> ``WorkerSpec``."""
     head, *opts = text.strip().split(",")
     worker_id, sep, endpoint = head.partition("=")
     if not sep or not worker_id or not endpoint:

@@ -135,6 +135,7 @@ class Scorer:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        skip_prefix_cache: bool = False,
     ) -> ScoreResult:
         """Rows best first, as Structs; ``msgspec.json.encode`` gives the API's answer.
 
@@ -142,6 +143,10 @@ class Scorer:
         reads every ``k``-th unit key). One fetch asks with the unit last seen for each
         block size; workers whose unit or block sizes differ are asked again.
         """
+        if skip_prefix_cache:  # vLLM reads no prefix cache for such requests
+            return ScoreResult(
+                len(token_ids), [WorkerRow(w, 0, 0, 0.0) for w in sorted(set(worker_ids))]
+            )
         chains: dict[int, list[BlockKey]] = {}
 
         def keys_for(bs: int, unit: int | None) -> list[BlockKey]:

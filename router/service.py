@@ -136,6 +136,8 @@ class RouterService:
         if self._running or self._stopped:
             return
         self._running = True
+        for spec in self.settings.workers:
+            await self.ingestor.configure(spec.worker_id, spec.engine_settings())
         self.subscriptions.start()
         for factory in self._background:
             self._spawn(factory)
@@ -185,6 +187,7 @@ class RouterService:
     async def add_worker(self, spec: WorkerSpec) -> WorkerStatus:
         """Register and subscribe; raises ``WorkerExists`` or ``InvalidEndpoint``."""
         self._register(spec)
+        await self.ingestor.configure(spec.worker_id, spec.engine_settings())
         log.info(
             "worker %s registered (%s)",
             spec.worker_id,
@@ -269,6 +272,7 @@ class RouterService:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        skip_prefix_cache: bool = False,
     ) -> ScoreResult:
         """Score the named workers (default: all), best first, as msgspec Structs whose
         JSON is the API's answer; raises ``UnknownWorker`` or ``IndexUnavailable``."""
@@ -281,7 +285,11 @@ class RouterService:
             worker_ids = list(dict.fromkeys(workers))
         t0 = time.perf_counter()
         result = await self.scorer.score_result(
-            token_ids, worker_ids, lora_name=lora_name, cache_salt=cache_salt
+            token_ids,
+            worker_ids,
+            lora_name=lora_name,
+            cache_salt=cache_salt,
+            skip_prefix_cache=skip_prefix_cache,
         )
         self.metrics.score_latency.observe(time.perf_counter() - t0)
         return result

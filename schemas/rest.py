@@ -35,6 +35,13 @@ class WorkerCreate(BaseModel):
     http_endpoint: str | None = Field(
         default=None, description="engine HTTP base URL returned by /v1/route"
     )
+    hash_block_size: int | None = Field(
+        default=None, ge=1, description="vLLM's hash_block_size (default: learned)"
+    )
+    eagle: bool = Field(default=False, description="the engine runs EAGLE/MTP drafting")
+    partial_hash_hits: bool = Field(
+        default=False, description="hits align to the hash unit (mamba align mode)"
+    )
 
 
 class GroupInfo(BaseModel):
@@ -72,6 +79,10 @@ class ScoreRequest(BaseModel):
     lora_name: str | None = None
     cache_salt: str | None = None
     workers: list[str] | None = None
+    skip_prefix_cache: bool = Field(
+        default=False,
+        description="the request skips reading the prefix cache (e.g. prompt logprobs): 0",
+    )
 
 
 class GroupScore(BaseModel):
