@@ -42,6 +42,9 @@ class WorkerSpec(BaseModel):
     http_endpoint: str | None = None
     # The engine's cache settings its events do not carry (see docs/vllm.md).
     hash_block_size: int | None = Field(default=None, ge=1)
+    # Bind the SUB at ``endpoint`` and let the engine connect: vLLM connects its PUB for
+    # ``tcp://host:port`` and binds only for ``*``/``::``/ipc/inproc.
+    bind: bool = False
     eagle: bool = False
     partial_hash_hits: bool = False
 
@@ -57,14 +60,15 @@ _SPEC_KEYS = {
     "http": "http_endpoint",
     "http_endpoint": "http_endpoint",
     "hash_block_size": "hash_block_size",
+    "bind": "bind",
     "eagle": "eagle",
     "partial_hash_hits": "partial_hash_hits",
 }
 
 
 def parse_worker_spec(text: str) -> WorkerSpec:
-    """``ID=ENDPOINT[,replay=EP][,topic=T][,http=URL][,model=M][,hash_block_size=N]
-    [,eagle=true][,partial_hash_hits=true]`` -> ``WorkerSpec``."""
+    """``ID=ENDPOINT[,replay=EP][,topic=T][,http=URL][,model=M][,bind=true]
+    [,hash_block_size=N][,eagle=true][,partial_hash_hits=true]`` -> ``WorkerSpec``."""
     head, *opts = text.strip().split(",")
     worker_id, sep, endpoint = head.partition("=")
     if not sep or not worker_id or not endpoint:
@@ -118,6 +122,9 @@ class RouterSettings(BaseSettings):
     replay_timeout_s: float = Field(default=2.0, gt=0)
     # Replay each publisher's buffer whenever its SUB connection is (re)established.
     replay_on_connect: bool = True
+    # A worker that has sent no batch this long after registration is flagged ``silent``
+    # (status, metric, one warning): a wrong endpoint, topic or bind/connect mismatch.
+    silent_after_s: float = Field(default=30.0, gt=0)
     sub_hwm: int = Field(default=100_000, ge=0)
     ingest_retry_initial_s: float = Field(default=0.05, gt=0)
     ingest_retry_max_s: float = Field(default=2.0, gt=0)

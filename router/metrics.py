@@ -130,7 +130,13 @@ class _ServiceCollector(Collector):
         last_seq = GaugeMetricFamily(
             "kvroute_last_seq", "last applied seq per DP rank", labels=["worker", "rank"]
         )
+        silent = GaugeMetricFamily(
+            "kvroute_worker_silent",
+            "1 when the worker sent no batch within silent_after_s of registration",
+            labels=["worker"],
+        )
         for sub in subs:
+            silent.add_metric([sub.worker_id], 1.0 if sub.silent else 0.0)
             current = sub.state
             for s in STATES:
                 state.add_metric([sub.worker_id, s], 1.0 if s == current else 0.0)
@@ -140,6 +146,7 @@ class _ServiceCollector(Collector):
         yield state
         yield lag
         yield last_seq
+        yield silent
         yield GaugeMetricFamily("kvroute_workers", "registered workers", value=len(subs))
 
         for name, value in svc.ingestor.counters.as_dict().items():

@@ -240,6 +240,7 @@ class RouterService:
             gaps=c.gaps,
             replays=c.replays,
             resyncs=c.resyncs,
+            silent=sub.silent,
             decode_errors=c.decode_errors,
             replay_failures=c.replay_failures,
             duplicates=c.duplicates,

@@ -36,7 +36,7 @@ from zmq.utils.monitor import parse_monitor_message
 from router.config import RouterSettings, WorkerSpec
 from router.index_writer import IndexWriter
 from router.logging_setup import event_extra
-from router.netutil import InvalidEndpoint, connect_endpoint
+from router.netutil import InvalidEndpoint, bind_endpoint, connect_endpoint
 from router.replay import ReplayFailed, ReplayFrame, request_replay
 from router.sequencing import SeqTracker, Verdict
 from schemas import DecodeError, DecodeStats, KVEventBatch, decode_batch
@@ -97,6 +97,8 @@ class WorkerSubscription:
         self._writer = IndexWriter(spec.worker_id, ingestor, settings, self.counters)
         self._logged_decode_error = False
         self._catch_up_at: float | None = None
+        self._registered_at = time.monotonic()
+        self._silent_logged = False
         self._tasks: list[asyncio.Task[None]] = []
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -105,13 +107,19 @@ class WorkerSubscription:
         self._sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self._sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
         self._monitor = self._sub.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+            zmq.EVENT_CONNECTED
+            | zmq.EVENT_ACCEPTED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_MONITOR_STOPPED
         )
         # A blocking twin of the same socket: draining a backlog without one future per
         # frame is several times faster, and both see one queue.
         self._shadow = zmq.Socket.shadow(self._sub.underlying)
         try:
-            connect_endpoint(self._sub, spec.endpoint)
+            if spec.bind:
+                bind_endpoint(self._sub, spec.endpoint)
+            else:
+                connect_endpoint(self._sub, spec.endpoint)
             if spec.replay_endpoint is not None:
                 probe = ctx.socket(zmq.DEALER)
                 try:
@@ -138,6 +146,34 @@ class WorkerSubscription:
     def last_seq(self) -> dict[int, int]:
         """Per DP rank, the last seq whose batch the index has taken."""
         return dict(self._writer.written)
+
+    @property
+    def silent(self) -> bool:
+        """No batch yet, ``silent_after_s`` after registration."""
+        if self.counters.batches or self.counters.decode_errors:
+            return False
+        return time.monotonic() - self._registered_at >= self._settings.silent_after_s
+
+    def _check_silent(self) -> None:
+        if self._silent_logged or not self.silent:
+            return
+        self._silent_logged = True
+        hint = (
+            "the engine may bind and connect too (vLLM connects for tcp://host:port: "
+            "register with bind=true)"
+            if not self.spec.bind
+            else "is the engine's endpoint pointed at this router?"
+        )
+        log.warning(
+            "worker %s: no events %.0f s after registration (state %s, endpoint %s, topic %r); %s",
+            self.worker_id,
+            self._settings.silent_after_s,
+            self.state,
+            self.spec.endpoint,
+            self.spec.topic,
+            hint,
+            extra=self._event("worker_silent", endpoint=self.spec.endpoint),
+        )
 
     def lag_seconds(self) -> float:
         """How long the batch being applied has waited for the index (0 when none)."""
@@ -169,7 +205,7 @@ class WorkerSubscription:
         while True:
             msg = await self._monitor.recv_multipart()
             event = parse_monitor_message(msg)["event"]
-            if event == zmq.EVENT_CONNECTED:
+            if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
                 self.connected = self.ever_connected = True
                 log.info(
                     "worker %s connected (%s)",
@@ -199,6 +235,7 @@ class WorkerSubscription:
             wait_ms = _IDLE_POLL_MS if due is None else max(1, int((due - time.monotonic()) * 1e3))
             try:
                 if not await self._sub.poll(min(wait_ms, _IDLE_POLL_MS)):
+                    self._check_silent()
                     continue
             except zmq.ZMQError as exc:  # socket closed under us: stop quietly
                 log.debug("worker %s SUB socket error: %s", self.worker_id, exc)

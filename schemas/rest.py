@@ -38,6 +38,9 @@ class WorkerCreate(BaseModel):
     hash_block_size: int | None = Field(
         default=None, ge=1, description="vLLM's hash_block_size (default: learned)"
     )
+    bind: bool = Field(
+        default=False, description="bind the SUB at endpoint; the engine connects to it"
+    )
     eagle: bool = Field(default=False, description="the engine runs EAGLE/MTP drafting")
     partial_hash_hits: bool = Field(
         default=False, description="hits align to the hash unit (mamba align mode)"
@@ -65,6 +68,9 @@ class WorkerInfo(BaseModel):
     gaps: int = 0
     replays: int = 0
     resyncs: int = 0
+    silent: bool = Field(
+        default=False, description="no batch yet, silent_after_s after registration"
+    )
     groups: dict[int, GroupInfo] = Field(default_factory=dict)
 
 
