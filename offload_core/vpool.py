@@ -18,7 +18,7 @@ Pure Python, no torch; written from vLLM's behaviour, not copied.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from offload_core.base import (
@@ -27,6 +27,7 @@ from offload_core.base import (
     get_offload_group_idx,
     make_offload_key,
 )
+from offload_core.block_pool import BlockMeta
 from offload_core.hashing import external_hash
 from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
@@ -87,6 +88,13 @@ class VBlockPool:
         self._extra: dict[int, list[OffloadKey]] = {}
         self._events: list[KVEvent] = []
         self.evictions = 0
+        # Parent/tokens/LoRA of each keyed block, for re-announcing it on another tier.
+        self.meta: dict[int, BlockMeta] = {}
+        # (group, block id, digest) of every block keyed since the last drain: the
+        # blocks whose KV the engine must have written.
+        self.keyed: list[tuple[int, int, bytes]] = []
+        # Called with the keyed blocks an allocation is about to evict, before it does.
+        self.on_evict: Callable[[list[VBlock]], None] | None = None
 
     # ----------------------------------------------------------------- queries
     @property
@@ -124,6 +132,10 @@ class VBlockPool:
     def get_new_blocks(self, n: int) -> list[VBlock]:
         if n > len(self._free):
             raise ValueError(f"cannot get {n} free blocks from the pool")
+        if self.on_evict is not None:
+            doomed = self.eviction_candidates(n)
+            if doomed:
+                self.on_evict(doomed)
         out = []
         for _ in range(n):
             bid, _ = self._free.popitem(last=False)
@@ -166,6 +178,7 @@ class VBlockPool:
             return False
         self._cached.clear()
         self._extra.clear()
+        self.meta.clear()
         for block in self.blocks:
             block.key = None
             block.key_tokens = None
@@ -204,6 +217,13 @@ class VBlockPool:
             if blk.key is not None:  # partial -> full promotion of the same block
                 self._emit_removed(self._remove_keys(blk))
             self._insert(key, blk, (i + 1) * block_size)
+            self.keyed.append((group, blk.block_id, digest))
+            self.meta[blk.block_id] = BlockMeta(
+                hashes[i - 1] if i else None,
+                tuple(request.token_ids[i * block_size : (i + 1) * block_size]),
+                request.lora_name,
+                request.event_extra_keys(i * block_size, (i + 1) * block_size),
+            )
             stored.append(external_hash(digest))
             extra_keys.append(request.event_extra_keys(i * block_size, (i + 1) * block_size))
         if not self.enable_events:
@@ -300,6 +320,7 @@ class VBlockPool:
                     del self._cached[key]
         block.key = None
         block.key_tokens = None
+        self.meta.pop(block.block_id, None)
         return removed
 
     def _evict(self, block: VBlock) -> bool:
