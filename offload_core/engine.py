@@ -361,21 +361,50 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a simulated engine worker that serves /v1/completions and "
         "publishes vLLM-format KV events (prefix caching, hybrid groups, CPU offload).",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--worker-id", default="engine-0")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8100, help="HTTP port")
+    p.add_argument("--worker-id", default="engine-0", help="worker id (event topic, /health)")
     p.add_argument("--publish", default="tcp://*:5557", help="PUB endpoint ('' disables)")
     p.add_argument("--replay", default="tcp://*:5558", help="replay ROUTER endpoint ('' off)")
     p.add_argument("--topic", default=None, help="ZMQ topic (default kv@<worker-id>)")
-    p.add_argument("--gpu-blocks", type=int, default=1024)
+    p.add_argument(
+        "--gpu-blocks", type=int, default=1024, help="GPU pool size (block 0 is the null block)"
+    )
     p.add_argument("--cpu-blocks", type=int, default=4096, help="0 disables offloading")
-    p.add_argument("--groups", default="full:16", help="e.g. full:16,swa:16:1024,mamba:16")
-    p.add_argument("--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256")
-    p.add_argument("--cpu-policy", choices=("lru", "arc"), default="lru")
-    p.add_argument("--num-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=8)
+    p.add_argument(
+        "--groups",
+        default="full:16",
+        help="KV cache groups in group order, KIND:BLOCK_SIZE[:WINDOW] (kinds full, mla, "
+        "swa, mamba; block sizes may differ), e.g. full:16,swa:16:1024 or mla:256,swa:64:128",
+    )
+    p.add_argument(
+        "--hash-block-size",
+        type=int,
+        default=None,
+        help="token granularity of block hashes (vLLM's hash_block_size); must divide every "
+        "block size; default: the block size (one group) or the gcd of the block sizes",
+    )
+    p.add_argument(
+        "--eagle",
+        action="store_true",
+        help="EAGLE/MTP speculative decoding: hits drop the last matched block, as vLLM does",
+    )
+    p.add_argument(
+        "--retention-interval",
+        type=int,
+        default=None,
+        help="vLLM's prefix_cache_retention_interval: keep sliding-window tails / mamba "
+        "states once per this many tokens (a multiple of the lcm of the block sizes; 0 = "
+        "only the replay boundary); default: dense",
+    )
+    p.add_argument(
+        "--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256", help="block hash"
+    )
+    p.add_argument("--cpu-policy", choices=("lru", "arc"), default="lru", help="CPU tier eviction")
+    p.add_argument("--num-heads", type=int, default=2, help="simulated KV heads per block")
+    p.add_argument("--head-dim", type=int, default=8, help="simulated head dimension")
     p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="logging level")
     return p
 
 
@@ -396,10 +425,20 @@ def main(argv: list[str]) -> int:
         num_heads=args.num_heads,
         head_dim=args.head_dim,
         device=args.device,
+        hash_block_size=args.hash_block_size,
+        eagle=args.eagle,
+        retention_interval=args.retention_interval,
     )
     topic = args.topic if args.topic is not None else f"kv@{args.worker_id}"
     try:
-        parse_groups(config.groups)
+        VKVCacheManager(
+            parse_groups(config.groups),
+            max(config.gpu_blocks, 2),
+            hash_block_size=config.hash_block_size,
+            eagle=config.eagle,
+            retention_interval=config.retention_interval,
+            enable_events=False,
+        )
     except ValueError as exc:
         print(f"kvroute engine: {exc}", file=sys.stderr)
         return 2

@@ -115,6 +115,11 @@ class VBlockPool:
         """Every distinct cached key (a key held by several blocks counts once)."""
         return list(self._cached)
 
+    @property
+    def num_cached_blocks(self) -> int:
+        """Distinct cached keys (copies of one key count once)."""
+        return len(self._cached)
+
     def num_cached_copies(self) -> int:
         return sum(len(b) for b in self._cached.values())
 

@@ -19,7 +19,7 @@ from publisher import EventPublisher
 from schemas import KVEvent, KVEventBatch, decode_batch
 
 sys.path.insert(0, str(Path(__file__).parent / "parity"))
-from shapes import SHAPES, requests  # noqa: E402
+from shapes import SHAPES, requests
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engine-parity"
 

@@ -39,7 +39,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request
 
 sys.path.insert(0, str(Path(__file__).parent))
-from shapes import SHAPES, requests  # noqa: E402
+from shapes import SHAPES, requests
 
 OUT = Path(__file__).resolve().parents[2] / "fixtures" / "engine-parity"
 
