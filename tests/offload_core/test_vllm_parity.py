@@ -77,3 +77,51 @@ def test_engine_matches_vllm_request_by_request(shape: str) -> None:
     assert not mismatched, f"{len(mismatched)}/{len(rec['cases'])} differ:\n" + "\n".join(
         mismatched[:3]
     )
+
+
+@pytest.mark.parametrize("shape", sorted(s for s in SHAPES if s not in ("full_mamba",)))
+def test_hit_rule_over_vllm_events_predicts_vllm_hits(shape: str) -> None:
+    """``hit_rule.longest_hit`` (the router's rule, with ``eagle``/``alignment``) over the
+    state rebuilt from vLLM's own events predicts vLLM's hit for every request.
+    (full_mamba has sub-block partial-hash hits, which block masks cannot express.)"""
+    from collections import Counter
+
+    from offload_core.groups import parse_groups
+    from offload_core.hashing import block_hashes, external_hash
+    from offload_core.hit_rule import hit_step, longest_hit
+    from schemas import AllBlocksCleared, BlockStored
+
+    rec = msgspec.msgpack.decode((FIXTURES / f"{shape}.msgpack").read_bytes())
+    groups_text, _, hash_bs, eagle, _ = SHAPES[shape]
+    groups = parse_groups(groups_text)
+    unit = hash_bs or (
+        groups[0].block_size if len(groups) == 1 else min(g.block_size for g in groups)
+    )
+    state: Counter[tuple[int, int]] = Counter()
+    wrong = []
+    for i, (req, case) in enumerate(zip(requests(), rec["cases"], strict=True)):
+        lora = (
+            None if req["lora_name"] is None else (req["lora_name"], f"lora://{req['lora_name']}")
+        )
+        chain = block_hashes(req["token_ids"], unit, "sha256", req["cache_salt"], lora)
+        masks = []
+        for g, spec in enumerate(groups):
+            scale = spec.block_size // unit
+            masks.append([state[(g, external_hash(d))] > 0 for d in chain[scale - 1 :: scale]])
+        got = longest_hit(
+            len(req["token_ids"]),
+            groups,
+            masks,
+            eagle=eagle,
+            alignment=hit_step(groups),
+            hash_block_size=unit,
+        )
+        if got != case["hit"]:
+            wrong.append(f"request {i}: rule {got} vs vLLM {case['hit']}")
+        for ev in decode_batch(case["events"]).events:
+            if isinstance(ev, AllBlocksCleared):
+                state.clear()
+                continue
+            for h in ev.block_hashes:
+                state[(ev.group_idx or 0, h)] += 1 if isinstance(ev, BlockStored) else -1
+    assert not wrong, "\n".join(wrong[:5])
