@@ -25,14 +25,18 @@ from offload_core.base import (
     ReqContext,
     get_offload_block_hash,
     get_offload_group_idx,
+    make_offload_key,
 )
+from offload_core.block_pool import lora_id_for
 from offload_core.cpu import CPUOffloadingManager
 from offload_core.engine_events import TierEventTranslator
 from offload_core.groups import format_groups, parse_groups
 from offload_core.hashing import HASH_ALGOS, external_hash
-from offload_core.hit_rule import GroupSpec
-from offload_core.kv_cache import KVCacheManager, RequestTooLargeError
+from offload_core.hit_rule import GroupSpec, longest_hit
 from offload_core.transfer import KVBuffers, TransferWorker
+from offload_core.vcache import VKVCacheManager, VRequest
+from offload_core.vpool import VBlock
+from offload_core.vsched import RequestTooLargeError, serve_request
 from publisher import EventPublisher, NullEventPublisher
 from schemas import MEDIUM_CPU, MEDIUM_GPU, KVEvent, KVEventBatch
 
@@ -53,6 +57,9 @@ class EngineConfig:
     head_dim: int = 8
     device: str | None = None
     verify_loads: bool = True
+    hash_block_size: int | None = None  # None: vLLM's default (gcd of the block sizes)
+    eagle: bool = False
+    retention_interval: int | None = None
 
 
 @dataclass(slots=True)
@@ -95,7 +102,16 @@ class SimEngine:
         self.config = config
         self.groups: list[GroupSpec] = parse_groups(config.groups)
         self.publisher = publisher if publisher is not None else NullEventPublisher()
-        self.kv = KVCacheManager(self.groups, config.gpu_blocks, config.hash_algo)
+        self.kv = VKVCacheManager(
+            self.groups,
+            config.gpu_blocks,
+            hash_block_size=config.hash_block_size,
+            eagle=config.eagle,
+            retention_interval=config.retention_interval,
+        )
+        self.kv.pool.on_evict = self._offload
+        self._seq = 0
+        self._offloaded = 0
         self.buffers = KVBuffers(
             self.groups,
             config.gpu_blocks,
@@ -118,63 +134,57 @@ class SimEngine:
         token_ids: Sequence[int],
         cache_salt: str | None = None,
         lora_name: str | None = None,
+        max_tokens: int = 1,
     ) -> RequestResult:
-        """Prefill one prompt: hit, load back, offload + evict, compute, cache, publish."""
-        kv, cpu, ctx = self.kv, self.cpu, self._ctx
-        request = kv.make_request(token_ids, cache_salt, lora_name)
-        lower = None if cpu is None else (lambda key: cpu.lookup(key, ctx) is True)
+        """Prefill one prompt the way vLLM's scheduler and cache manager would (hit,
+        CPU load-back as external tokens, mamba-aligned chunks), then decode
+        ``max_tokens - 1`` tokens, free, publish."""
+        self._seq += 1
+        req = VRequest(
+            f"req-{self._seq}",
+            list(token_ids),
+            len(token_ids),
+            self.kv.hash_block_size,
+            self.config.hash_algo,
+            lora_name=lora_name,
+            lora_path=None if lora_name is None else f"lora://{lora_name}",
+            lora_id=lora_id_for(lora_name),
+            cache_salt=cache_salt,
+        )
+        self._offloaded = 0
         try:
-            plan = kv.begin(request, lower)
+            run = serve_request(self.kv, req, self._external_hit, max_tokens, self._after_alloc)
         except RequestTooLargeError:
             self.stats.rejected += 1
+            self._collect()
+            self._publish()
             raise
-        load_keys = [k for gp in plan.groups for k in gp.pending.values() if k is not None]
-        load_spec = None
-        if load_keys:
-            assert cpu is not None
-            load_spec = cpu.prepare_load(load_keys, ctx)  # pinned: never evicted meanwhile
-            cpu.touch(load_keys, ctx)
-        offloaded = self._offload(kv.pool.eviction_candidates(plan.num_new_blocks))
-        kv.allocate(plan)
-        self._events += kv.pool.take_events()
-        if load_keys:
-            assert self.transfer is not None and load_spec is not None
-            loads = plan.loads()
-            self.transfer.load(load_keys, load_spec, [bid for _, bid in loads], ctx)
-            self.transfer.wait()
-            if self.config.verify_loads:
-                self._verify_loaded(loads)
-        computed = plan.computed()
-        for g, (bids, digests) in _by_group(computed).items():
-            self.buffers.write(g, bids, digests)
-        kv.commit(plan)
-        kv.finish(plan)
-        self._events += kv.pool.take_events()
+        self._collect()
         self._publish()
         s = self.stats
         s.requests += 1
         s.prompt_tokens += len(token_ids)
-        s.cached_tokens += plan.hit.hit_tokens
-        s.gpu_cached_tokens += plan.hit.gpu_hit_tokens
-        s.loaded_blocks += len(load_keys)
-        s.offloaded_blocks += offloaded
-        s.computed_blocks += len(computed)
+        s.cached_tokens += run.cached_tokens
+        s.gpu_cached_tokens += run.local_tokens
+        s.loaded_blocks += run.loaded
+        s.offloaded_blocks += self._offloaded
+        s.computed_blocks += run.computed
         return RequestResult(
             len(token_ids),
-            plan.hit.hit_tokens,
-            plan.hit.gpu_hit_tokens,
-            len(load_keys),
-            offloaded,
-            len(computed),
+            run.cached_tokens,
+            run.local_tokens,
+            run.loaded,
+            self._offloaded,
+            run.computed,
         )
 
     def reset_prefix_cache(self) -> bool:
         """Drop both tiers (``AllBlocksCleared`` clears every entry of a worker)."""
-        if not self.kv.reset():
+        if not self.kv.reset_prefix_cache():
             return False
         self._new_cpu_tier()
         self._tier_events.clear()
-        self._events += self.kv.pool.take_events()
+        self._collect()
         self._publish()
         self.stats.resets += 1
         log.info("worker %s: prefix cache reset (GPU and CPU tiers)", self.config.worker_id)
@@ -223,28 +233,85 @@ class SimEngine:
         self.cpu = CPUOffloadingManager(cfg.cpu_blocks, cfg.cpu_policy)
         self.transfer = TransferWorker(self.buffers, self.cpu)
 
-    def _offload(self, candidates: list[int]) -> int:
-        """Store the cached blocks about to be evicted on the CPU tier; returns how many
-        were copied. Too many for the CPU tier: the most recently freed ones go."""
+    def _offload(self, doomed: list[VBlock]) -> None:
+        """Store the keyed blocks an allocation is about to evict on the CPU tier (the
+        pool calls this before reusing their slots). Too many for the CPU tier: the
+        most recently freed ones go."""
         cpu, transfer, pool, ctx = self.cpu, self.transfer, self.kv.pool, self._ctx
-        if cpu is None or transfer is None or not candidates:
-            return 0
-        candidates = candidates[-cpu.num_blocks :]
-        by_key = {pool.blocks[b].key: b for b in candidates}
-        keys = [k for k in by_key if k is not None]
+        if cpu is None or transfer is None or not doomed:
+            return
+        doomed = doomed[-cpu.num_blocks :]
+        by_key = {b.key: b for b in doomed if b.key is not None}
+        keys = list(by_key)
         out = cpu.prepare_store(keys, ctx)
         if out is None:  # the CPU tier is pinned by loads: these blocks are just dropped
             self.stats.offload_skipped_blocks += len(keys)
             self._drain_cpu_events()
-            return 0
+            return
         for key in out.keys_to_store:
-            self._tier_events.remember(key, pool.blocks[by_key[key]].meta)
+            self._tier_events.remember(key, pool.meta.get(by_key[key].block_id))
         if out.keys_to_store:
-            gpu_ids = [by_key[k] for k in out.keys_to_store]
+            gpu_ids = [by_key[k].block_id for k in out.keys_to_store]
             transfer.store(out.keys_to_store, gpu_ids, out.store_spec, ctx)
             transfer.wait()  # the slots are reused right after this
         self._drain_cpu_events()
-        return len(out.keys_to_store)
+        self._offloaded += len(out.keys_to_store)
+
+    def _external_hit(self, req: VRequest, local: int) -> int:
+        """Tokens the CPU tier adds beyond the GPU hit (loaded back as external tokens,
+        like vLLM's offloading connector): the hit over blocks on GPU *or* CPU."""
+        cpu, kv = self.cpu, self.kv
+        if cpu is None:
+            return 0
+        limit = req.num_tokens - 1
+        masks = []
+        for g, spec in enumerate(self.groups):
+            view = kv.pool._view(req.block_hashes, spec.block_size)
+            masks.append(
+                bytes(
+                    kv.pool.get_cached_block(d, [g]) is not None
+                    or cpu.lookup(make_offload_key(d, g), self._ctx) is True
+                    for d in view[: limit // spec.block_size]
+                )
+            )
+        total = longest_hit(req.num_tokens, self.groups, masks, eagle=kv.eagle, alignment=kv.step)
+        return max(0, total - local)
+
+    def _after_alloc(
+        self, req: VRequest, local: int, external: int, first: bool
+    ) -> tuple[int, int]:
+        """Load external blocks from the CPU tier, then write every newly keyed block."""
+        kv, cpu, ctx = self.kv, self.cpu, self._ctx
+        loaded: dict[int, bytes] = {}
+        loads: list[tuple[OffloadKey, int]] = []
+        if first and external and cpu is not None and self.transfer is not None:
+            total = local + external
+            for g, m in enumerate(kv.managers):
+                b = m.block_size
+                view = kv.pool._view(req.block_hashes, b)
+                table = m.req_blocks.get(req.request_id, [])
+                for i in range(local // b, min(total // b, len(table))):
+                    key = make_offload_key(view[i], g)
+                    if not table[i].is_null and cpu.lookup(key, ctx) is True:
+                        loads.append((key, table[i].block_id))
+            if loads:
+                keys = [k for k, _ in loads]
+                spec = cpu.prepare_load(keys, ctx)
+                cpu.touch(keys, ctx)
+                self.transfer.load(keys, spec, [bid for _, bid in loads], ctx)
+                self.transfer.wait()
+                if self.config.verify_loads:
+                    self._verify_loaded(loads)
+                loaded = {bid: get_offload_block_hash(k) for k, bid in loads}
+        keyed, kv.pool.keyed = kv.pool.keyed, []
+        computed = [(g, bid, d) for g, bid, d in keyed if loaded.get(bid) != d]
+        for g, (bids, digests) in _by_group(computed).items():
+            self.buffers.write(g, bids, digests)
+        return len(loads), len(computed)
+
+    def _collect(self) -> None:
+        self._events += self.kv.take_events()
+        self.kv.pool.keyed.clear()
 
     def _verify_loaded(self, loads: list[tuple[OffloadKey, int]]) -> None:
         """Check the loaded blocks hold their deterministic values (one compare per group;
@@ -294,21 +361,50 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a simulated engine worker that serves /v1/completions and "
         "publishes vLLM-format KV events (prefix caching, hybrid groups, CPU offload).",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--worker-id", default="engine-0")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8100, help="HTTP port")
+    p.add_argument("--worker-id", default="engine-0", help="worker id (event topic, /health)")
     p.add_argument("--publish", default="tcp://*:5557", help="PUB endpoint ('' disables)")
     p.add_argument("--replay", default="tcp://*:5558", help="replay ROUTER endpoint ('' off)")
     p.add_argument("--topic", default=None, help="ZMQ topic (default kv@<worker-id>)")
-    p.add_argument("--gpu-blocks", type=int, default=1024)
+    p.add_argument(
+        "--gpu-blocks", type=int, default=1024, help="GPU pool size (block 0 is the null block)"
+    )
     p.add_argument("--cpu-blocks", type=int, default=4096, help="0 disables offloading")
-    p.add_argument("--groups", default="full:16", help="e.g. full:16,swa:16:1024,mamba:16")
-    p.add_argument("--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256")
-    p.add_argument("--cpu-policy", choices=("lru", "arc"), default="lru")
-    p.add_argument("--num-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=8)
+    p.add_argument(
+        "--groups",
+        default="full:16",
+        help="KV cache groups in group order, KIND:BLOCK_SIZE[:WINDOW] (kinds full, mla, "
+        "swa, mamba; block sizes may differ), e.g. full:16,swa:16:1024 or mla:256,swa:64:128",
+    )
+    p.add_argument(
+        "--hash-block-size",
+        type=int,
+        default=None,
+        help="token granularity of block hashes (vLLM's hash_block_size); must divide every "
+        "block size; default: the block size (one group) or the gcd of the block sizes",
+    )
+    p.add_argument(
+        "--eagle",
+        action="store_true",
+        help="EAGLE/MTP speculative decoding: hits drop the last matched block, as vLLM does",
+    )
+    p.add_argument(
+        "--retention-interval",
+        type=int,
+        default=None,
+        help="vLLM's prefix_cache_retention_interval: keep sliding-window tails / mamba "
+        "states once per this many tokens (a multiple of the lcm of the block sizes; 0 = "
+        "only the replay boundary); default: dense",
+    )
+    p.add_argument(
+        "--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256", help="block hash"
+    )
+    p.add_argument("--cpu-policy", choices=("lru", "arc"), default="lru", help="CPU tier eviction")
+    p.add_argument("--num-heads", type=int, default=2, help="simulated KV heads per block")
+    p.add_argument("--head-dim", type=int, default=8, help="simulated head dimension")
     p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="logging level")
     return p
 
 
@@ -329,10 +425,20 @@ def main(argv: list[str]) -> int:
         num_heads=args.num_heads,
         head_dim=args.head_dim,
         device=args.device,
+        hash_block_size=args.hash_block_size,
+        eagle=args.eagle,
+        retention_interval=args.retention_interval,
     )
     topic = args.topic if args.topic is not None else f"kv@{args.worker_id}"
     try:
-        parse_groups(config.groups)
+        VKVCacheManager(
+            parse_groups(config.groups),
+            max(config.gpu_blocks, 2),
+            hash_block_size=config.hash_block_size,
+            eagle=config.eagle,
+            retention_interval=config.retention_interval,
+            enable_events=False,
+        )
     except ValueError as exc:
         print(f"kvroute engine: {exc}", file=sys.stderr)
         return 2

@@ -161,6 +161,10 @@ def longest_hit(
     request_tokens: int,
     groups: Sequence[GroupSpec],
     cached: Sequence[Sequence[bool] | bytes | bytearray],
+    *,
+    eagle: bool = False,
+    alignment: int | None = None,
+    hash_block_size: int | None = None,
 ) -> int:
     """Largest ``p`` (tokens) that every group accepts, per the rule above.
 
@@ -168,17 +172,68 @@ def longest_hit(
     with non-zero = cached); lists may be shorter than the request (missing blocks are
     misses). Each group's ``floor`` never drops below the answer, so lowering ``p`` to
     every group's floor until none moves it reaches exactly the largest common ``p``.
+
+    Keyword settings (defaults = the plain rule):
+
+    * ``alignment``: hit granularity in tokens (default: the lcm of the block sizes); it
+      must be a multiple of every block size (sub-block partial-hash hits need the
+      partial entries, which block masks do not carry);
+    * ``eagle``: vLLM's EAGLE last-block drop -- a full-attention or sliding-window
+      group accepts ``p`` only if it would accept ``p + block_size`` with one more
+      window block (the "peek" block past the hit is cached too), and that block lies
+      within the request: ``p + b <= request_tokens - 1`` with one group, ``p + b <=``
+      the request's whole hash units with several (``hash_block_size``, default the gcd
+      of the block sizes). Mamba groups are unchanged.
     """
     if not groups:
         return 0
-    step = hit_step(groups)
-    acceptors = [GroupAcceptor(g, c) for g, c in zip(groups, cached, strict=True)]
+    step = alignment or hit_step(groups)
+    if any(step % g.block_size for g in groups):
+        raise ValueError(f"alignment {step} is not a multiple of every group's block size")
+    if not eagle:
+        acceptors = [GroupAcceptor(g, c) for g, c in zip(groups, cached, strict=True)]
+        p = max_candidate(request_tokens, step)
+        while p > 0:
+            lowest = p
+            for acceptor in acceptors:
+                lowest = acceptor.floor(lowest, step)
+            if lowest == p:
+                return p
+            p = lowest
+        return 0
+    return _eagle_hit(request_tokens, groups, cached, step, hash_block_size)
+
+
+def _eagle_hit(
+    request_tokens: int,
+    groups: Sequence[GroupSpec],
+    cached: Sequence[Sequence[bool] | bytes | bytearray],
+    step: int,
+    hash_block_size: int | None,
+) -> int:
+    """The EAGLE rule as a descending scan over aligned candidates (one check each)."""
+    if len(groups) == 1:
+        limit = request_tokens - 1
+    else:
+        unit = hash_block_size or math.gcd(*(g.block_size for g in groups))
+        limit = request_tokens // unit * unit
+    checks = []
+    for g, c in zip(groups, cached, strict=True):
+        if g.rule == "mamba":
+            checks.append((GroupAcceptor(g, c), 0))
+            continue
+        wider = g
+        if g.rule == "sliding":
+            assert g.sliding_window is not None
+            wider = GroupSpec(g.kind, g.block_size, g.sliding_window + g.block_size)
+        checks.append((GroupAcceptor(wider, c), g.block_size))
     p = max_candidate(request_tokens, step)
     while p > 0:
-        lowest = p
-        for acceptor in acceptors:
-            lowest = acceptor.floor(lowest, step)
-        if lowest == p:
+        if all(
+            (peek == 0 and a.accepts(p // a._b))
+            or (peek and p + peek <= limit and a.accepts(p // peek + 1))
+            for a, peek in checks
+        ):
             return p
-        p = lowest
+        p -= step
     return 0

@@ -353,7 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompts", type=int, default=1,
                    help="synthetic: distinct system prompts after the shared preamble "
                    "(1 = one application: a prefix every request shares)")  # fmt: skip
-    p.add_argument("--groups", default="full:16,swa:16:256", help="engine KV cache groups")
+    p.add_argument(
+        "--groups",
+        default="full:64,swa:16:32",
+        help="engine KV cache groups (default: hybrid whose sliding-window stores are sparse)",
+    )
     # Small enough that where requests go decides what stays cached.
     p.add_argument("--gpu-blocks", type=int, default=768, help="per engine")
     p.add_argument("--cpu-blocks", type=int, default=256, help="per engine; 0 = no offload")

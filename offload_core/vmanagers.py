@@ -1,0 +1,530 @@
+"""Per-group cache managers with vLLM 0.33's rules (``single_type_kv_cache_manager.py``).
+
+One manager per KV cache group keeps each request's block table and decides, for its
+attention type, (a) how far a prefix hit reaches (``find_hit``), (b) which blocks of a
+prefill it keys in the prefix cache (``mask``: sliding window keeps only the tails a
+later hit can reach, mamba only the states at reachable boundaries) and (c) which
+blocks it can let go while the request runs (``skipped``). Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from offload_core.hit_rule import GroupSpec
+from offload_core.vpool import VBlock, VBlockPool
+
+if TYPE_CHECKING:
+    from offload_core.vcache import VRequest
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def mamba_checkpoint_position(num_tokens: int, unit: int, drop_eagle: bool) -> int:
+    """The boundary whose mamba state a prefill of ``num_tokens`` leaves reusable."""
+    limit = num_tokens if drop_eagle else num_tokens - 1
+    pos = limit // unit * unit
+    if drop_eagle:
+        pos -= unit
+    return max(pos, 0)
+
+
+class GroupManager:
+    """Full attention (and MLA): every block of the prefix is needed and kept."""
+
+    fine_grained = True  # may stop a hit at a hash-unit boundary inside a block
+
+    def __init__(self, spec: GroupSpec, pool: VBlockPool, group_id: int, step: int) -> None:
+        self.spec = spec
+        self.pool = pool
+        self.group_id = group_id
+        self.block_size = spec.block_size
+        self.alignment = step  # cache-hit alignment (the coordinator may lower it)
+        self.use_eagle = False
+        self.req_blocks: dict[str, list[VBlock]] = {}
+        self.num_cached: dict[str, int] = {}
+        self.partial_hits: dict[str, tuple[int, VBlock]] = {}
+        self.pending_copies: list[tuple[VBlock, VBlock]] = []
+
+    # ------------------------------------------------------------------ hits
+    def find_hit(
+        self, hashes: Sequence[bytes], max_len: int, groups: list[int], drop_eagle: bool
+    ) -> tuple[list[list[VBlock]], int]:
+        pool, b, unit, align = self.pool, self.block_size, self.pool.hash_block_size, self.alignment
+        fine = align < b and b % align == 0
+        view = pool._view(hashes, b)
+        out: list[list[VBlock]] = [[] for _ in groups]
+        for digest in view[: max_len // b]:
+            got = pool.get_cached_block(digest, groups)
+            if not got:
+                break
+            for lst, blk in zip(out, got, strict=True):
+                lst.append(blk)
+        hit = len(out[0]) * b
+        if fine:
+            scale = b // align
+            first = len(out[0]) * scale
+            top = min(first + scale - 1, max_len // align, len(hashes))
+            for idx in range(top - 1, first - 1, -1):
+                got = pool.get_cached_block(hashes[idx], groups)
+                if not got:
+                    continue
+                for lst, blk in zip(out, got, strict=True):
+                    lst.append(blk)
+                hit = (idx + 1) * align
+                break
+        if drop_eagle and hit > 0:
+            hit -= min(align, b)
+        hit -= hit % align
+        n = cdiv(hit, b)
+        for lst in out:
+            del lst[n:]
+        del unit
+        return out, hit
+
+    # ------------------------------------------------------------ retention
+    def mask(
+        self, start: int, end: int, retention: int | None, boundaries: Sequence[int]
+    ) -> list[bool] | None:
+        return None
+
+    def skipped(self, num_computed: int) -> int:
+        return 0
+
+    # ----------------------------------------------------------- allocation
+    def _partial_local(self, new_computed: Sequence[VBlock], num_local: int) -> bool:
+        return len(new_computed) > 0 and num_local % self.block_size != 0
+
+    def num_blocks_to_allocate(
+        self,
+        rid: str,
+        num_tokens: int,
+        new_computed: Sequence[VBlock],
+        total_computed: int,
+        num_local: int,
+        num_tokens_main: int,
+    ) -> int:
+        required = cdiv(num_tokens, self.block_size)
+        have = len(self.req_blocks.get(rid, ()))
+        if rid in self.num_cached:
+            return max(required - have, 0)
+        skipped_blocks = self.skipped(total_computed) // self.block_size
+        local_blocks = len(new_computed) + have
+        new = max(required - max(skipped_blocks, local_blocks), 0)
+        skip_new = max(0, skipped_blocks - have)
+        evictable = sum(b.ref_cnt == 0 and not b.is_null for b in new_computed[skip_new:])
+        if self._partial_local(new_computed, num_local):
+            new += 1
+        return new + evictable
+
+    def add_local_computed(
+        self, rid: str, new_computed: Sequence[VBlock], num_local: int, num_external: int
+    ) -> None:
+        blocks = self.req_blocks.setdefault(rid, [])
+        assert not blocks
+        skipped = self.skipped(num_local + num_external) // self.block_size
+        if skipped > 0:
+            new_computed = new_computed[skipped:]
+        self.pool.touch(new_computed)
+        blocks += [self.pool.null_block] * skipped
+        blocks += new_computed
+        self.num_cached[rid] = len(blocks)
+        if self._partial_local(new_computed, num_local):
+            idx = num_local // self.block_size
+            self.partial_hits[rid] = (idx, new_computed[-1])
+            self.num_cached[rid] = idx
+
+    def allocate_external(self, rid: str, num_local: int, num_external: int) -> None:
+        total = num_local + num_external
+        skipped = self.skipped(total)
+        if skipped > 0:
+            num_external = min(total - skipped, num_external)
+        if num_external <= 0:
+            return
+        blocks = self.req_blocks.setdefault(rid, [])
+        blocks += self.pool.get_new_blocks(max(0, cdiv(total, self.block_size) - len(blocks)))
+
+    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> list[VBlock]:
+        cow: list[VBlock] = []
+        if rid in self.partial_hits:
+            idx, source = self.partial_hits.pop(rid)
+            block = self.pool.get_new_blocks(1)[0]
+            self._apply_cow(rid, idx, source, block)
+            cow.append(block)
+        blocks = self.req_blocks.setdefault(rid, [])
+        n = cdiv(num_tokens, self.block_size) - len(blocks)
+        if n <= 0:
+            return cow
+        new = self.pool.get_new_blocks(n)
+        blocks += new
+        return cow + new
+
+    def _apply_cow(self, rid: str, idx: int, source: VBlock, block: VBlock) -> None:
+        """A hit ending inside a shared block: the request writes into a private copy;
+        both ends stay referenced until the copy ran (``take_copies``)."""
+        self.req_blocks[rid][idx] = block
+        self.pending_copies.append((source, block))
+        block.ref_cnt += 1
+
+    # -------------------------------------------------------------- caching
+    def cache_blocks(
+        self, req: VRequest, num_tokens: int, retention: int | None, boundaries: Sequence[int]
+    ) -> None:
+        rid = req.request_id
+        num_cached = self.num_cached.get(rid, 0)
+        hashed_tokens = len(req.block_hashes) * self.pool.hash_block_size
+        num_full = min(num_tokens, hashed_tokens) // self.block_size
+        if num_cached >= num_full:
+            return
+        reach = list(boundaries)
+        if req.shared_prefix_boundary:
+            reach.append(req.shared_prefix_boundary)
+            if self.use_eagle:
+                reach.append(req.shared_prefix_boundary - self.block_size)
+        mask = self.mask(num_cached, num_full, retention, reach)
+        self.pool.cache_full_blocks(
+            req, self.req_blocks[rid], num_cached, num_full, self.block_size, self.group_id, mask
+        )
+        self.num_cached[rid] = num_full
+
+    def cache(
+        self, req: VRequest, num_tokens: int, retention: int | None, boundaries: Sequence[int]
+    ) -> None:
+        """Full attention also keys the prompt's last hash-unit boundary when it ends
+        inside a block (a *partial* block, promoted when the block fills)."""
+        self.cache_blocks(req, num_tokens, retention, boundaries)
+        unit = self.pool.hash_block_size
+        if self.block_size == unit:
+            return
+        limit = req.num_prompt_tokens if self.use_eagle else req.num_prompt_tokens - 1
+        boundary = min(limit // unit, len(req.block_hashes)) * unit
+        if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
+            return
+        blocks = self.req_blocks[req.request_id]
+        idx = boundary // self.block_size
+        if idx < len(blocks):
+            self.pool.cache_partial_block(req, blocks[idx], boundary, self.group_id)
+
+    # ------------------------------------------------------------- freeing
+    def remove_skipped(self, rid: str, processed: int) -> None:
+        n = self.skipped(processed)
+        if n <= 0:
+            return
+        blocks = self.req_blocks.setdefault(rid, [])
+        self._remove_range(rid, 0, min(n // self.block_size, len(blocks)))
+
+    def _remove_range(self, rid: str, first: int, last: int) -> None:
+        blocks = self.req_blocks.get(rid)
+        if blocks is None or first >= last:
+            return
+        last = min(last, len(blocks))
+        freed = []
+        for i in range(last - 1, first - 1, -1):
+            if blocks[i].is_null:
+                break
+            freed.append(blocks[i])
+            blocks[i] = self.pool.null_block
+        if freed:
+            self.pool.free_blocks(freed)
+
+    def pop_for_free(self, rid: str) -> list[VBlock]:
+        blocks = self.req_blocks.pop(rid, [])
+        self.num_cached.pop(rid, None)
+        self.partial_hits.pop(rid, None)
+        head = 0
+        while head < len(blocks) and blocks[head].is_null:
+            head += 1
+        return blocks[head:]
+
+    def free(self, rid: str) -> None:
+        self.pool.free_blocks(reversed(self.pop_for_free(rid)))
+
+    def new_step(self) -> None:
+        return None
+
+
+class SlidingWindowManager(GroupManager):
+    """A hit needs the window's last ``ceil((W-1)/b)`` blocks; older ones are dropped."""
+
+    fine_grained = False
+
+    @property
+    def window(self) -> int:
+        assert self.spec.sliding_window is not None
+        return self.spec.sliding_window
+
+    def need(self, eagle: bool) -> int:
+        return cdiv(self.window - 1, self.block_size) + (1 if eagle else 0)
+
+    def find_hit(
+        self, hashes: Sequence[bytes], max_len: int, groups: list[int], drop_eagle: bool
+    ) -> tuple[list[list[VBlock]], int]:
+        pool, b, align = self.pool, self.block_size, self.alignment
+        view = pool._view(hashes, b)
+        need = self.need(drop_eagle)
+        max_blocks = max_len // b
+        null = pool.null_block
+        out: list[list[VBlock]] = [[null] * max_blocks for _ in groups]
+        run = 0
+        found = False
+        for i in range(max_blocks - 1, -1, -1):
+            got = pool.get_cached_block(view[i], groups)
+            if not got:
+                run = 0
+                continue
+            if run == 0 and b != align:
+                post = i if drop_eagle else i + 1
+                if (post * b) % align != 0:
+                    continue
+            for lst, blk in zip(out, got, strict=True):
+                lst[i] = blk
+            run += 1
+            if run >= need:
+                for lst in out:
+                    del lst[i + run :]
+                found = True
+                break
+        if not found:
+            for lst in out:
+                del lst[run:]
+            while b != align and len(out[0]) * b % align != 0:
+                for lst in out:
+                    lst.pop()
+        if drop_eagle and out[0]:
+            for lst in out:
+                lst.pop()
+            while b != align and len(out[0]) * b % align != 0:
+                for lst in out:
+                    lst.pop()
+        return out, len(out[0]) * b
+
+    def mask(
+        self, start: int, end: int, retention: int | None, boundaries: Sequence[int]
+    ) -> list[bool] | None:
+        b, align = self.block_size, self.alignment
+        if align % b != 0:
+            return None
+        need = self.need(self.use_eagle)
+        shift = 1 if self.use_eagle else 0
+        out = [False] * (end - start)
+        segment = align if retention is None else (retention or None)
+        if segment is not None:
+            per = segment // b
+            if need >= per:
+                return None
+            for i in range(start, end):
+                if i >= shift and (i - shift) % per >= per - need:
+                    out[i - start] = True
+        if retention is not None:
+            for tokens in boundaries:
+                stop = tokens // align * align // b + shift
+                for j in range(max(start, stop - need), min(end, stop)):
+                    out[j - start] = True
+        return out
+
+    def skipped(self, num_computed: int) -> int:
+        return max(0, num_computed - self.window + 1)
+
+    def cache(
+        self, req: VRequest, num_tokens: int, retention: int | None, boundaries: Sequence[int]
+    ) -> None:
+        self.cache_blocks(req, num_tokens, retention, boundaries)  # no partial tails
+
+
+class MambaManager(GroupManager):
+    """Mamba in ``align`` mode: one state block per reachable boundary is kept."""
+
+    def __init__(self, spec: GroupSpec, pool: VBlockPool, group_id: int, step: int) -> None:
+        super().__init__(spec, pool, group_id, step)
+        self.drop_eagle_checkpoint = False
+        self.cached_this_step: set[bytes] = set()
+        self.last_state_idx: dict[str, int] = {}
+        self.retired: dict[str, int] = {}
+        self.allocated: set[str] = set()
+
+    def find_hit(
+        self, hashes: Sequence[bytes], max_len: int, groups: list[int], drop_eagle: bool
+    ) -> tuple[list[list[VBlock]], int]:
+        pool, b, align = self.pool, self.block_size, self.alignment
+        null = pool.null_block
+        out: list[list[VBlock]] = [[] for _ in groups]
+        if align < b and b % align == 0:
+            scale = b // align
+            for fine in range(min(max_len // align, len(hashes)) - 1, -1, -1):
+                got = pool.get_cached_block(hashes[fine], groups)
+                if got:
+                    for lst, blk in zip(out, got, strict=True):
+                        lst += [null] * (fine // scale) + [blk]
+                    return out, (fine + 1) * align
+            return out, 0
+        view = pool._view(hashes, b)
+        for i in range(max_len // b - 1, -1, -1):
+            got = pool.get_cached_block(view[i], groups)
+            if not got:
+                continue
+            if b != align and (i + 1) * b % align != 0:
+                continue
+            for lst, blk in zip(out, got, strict=True):
+                lst += [null] * i + [blk]
+            return out, (i + 1) * b
+        return out, 0
+
+    def mask(
+        self, start: int, end: int, retention: int | None, boundaries: Sequence[int]
+    ) -> list[bool] | None:
+        if retention is None:
+            return None
+        b, align = self.block_size, self.alignment
+        out = [False] * (end - start)
+        if retention:
+            per = retention // b
+            if per <= 1:
+                return None
+            first = (start + per) // per * per - 1
+            for i in range(first - start, len(out), per):
+                out[i] = True
+        for tokens in boundaries:
+            idx = tokens // align * align // b - 1
+            if start <= idx < end:
+                out[idx - start] = True
+        return out
+
+    def skipped(self, num_computed: int) -> int:
+        return num_computed - 1
+
+    def _remove_range(self, rid: str, first: int, last: int) -> None:
+        blocks = self.req_blocks.get(rid, [])
+        first = max(first, self.retired.get(rid, 0))
+        last = min(last, len(blocks))
+        if first >= last:
+            return
+        freed = []
+        for i in range(last - 1, first - 1, -1):
+            if blocks[i].is_null:
+                continue
+            freed.append(blocks[i])
+            blocks[i] = self.pool.null_block
+        if freed:
+            self.pool.free_blocks(freed)
+        self.retired[rid] = last
+
+    def remove_skipped(self, rid: str, processed: int) -> None:
+        super().remove_skipped(rid, processed)
+        idx = self.last_state_idx.get(rid)
+        if idx is not None and idx < cdiv(processed, self.block_size) - 1:
+            blocks = self.req_blocks[rid]
+            if not blocks[idx].is_null:
+                self.pool.free_blocks([blocks[idx]])
+                blocks[idx] = self.pool.null_block
+
+    def num_blocks_to_allocate(
+        self,
+        rid: str,
+        num_tokens: int,
+        new_computed: Sequence[VBlock],
+        total_computed: int,
+        num_local: int,
+        num_tokens_main: int,
+    ) -> int:
+        if new_computed and new_computed[-1].key in self.cached_this_step:
+            return self.pool.num_blocks + 1  # a state cached this step: next step
+        required = cdiv(num_tokens_main, self.block_size)
+        new = required - len(new_computed) - len(self.req_blocks.get(rid, ()))
+        partial = self._partial_local(new_computed, num_local) or rid in self.partial_hits
+        if partial:
+            new = max(new, 0) + 1
+        if new > 0:
+            new = min(new, 1 + int(partial))
+        return new + sum(b.ref_cnt == 0 and not b.is_null for b in new_computed)
+
+    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> list[VBlock]:
+        blocks = self.req_blocks.setdefault(rid, [])
+        required = cdiv(num_tokens_main, self.block_size)
+        partial = self.partial_hits.get(rid)
+        if required <= len(blocks) and partial is None:
+            self.allocated.add(rid)
+            return []
+        prev = len(blocks)
+        was_allocated = rid in self.allocated
+        if was_allocated or prev > 0:
+            self.last_state_idx[rid] = prev - 1
+        skip_to = required - 1
+        if prev < skip_to:
+            blocks += [self.pool.null_block] * (skip_to - prev)
+        n = max(required - len(blocks), 0) + (1 if partial is not None else 0)
+        new = self.pool.get_new_blocks(n)
+        returned = blocks[prev:]
+        if partial is not None:
+            idx, source = partial
+            block, new = new[0], new[1:]
+            if was_allocated:  # the running request keeps writing the source block
+                self._move_keys(source, block)
+                self.pending_copies.append((source, block))
+                source.ref_cnt += 1
+                if block.key is not None:
+                    self.cached_this_step.add(block.key)
+            else:
+                self._apply_cow(rid, idx, source, block)
+                returned = [block, *returned]
+        blocks += new
+        self.allocated.add(rid)
+        self.partial_hits.pop(rid, None)
+        return returned + new
+
+    def _move_keys(self, src: VBlock, dst: VBlock) -> None:
+        """Re-point ``src``'s cache entries at ``dst`` (no events: they stay live)."""
+        tokens = src.key_tokens
+        for key in self.pool._remove_keys(src):
+            self.pool._insert(key, dst, tokens or 0)
+
+    def cache(
+        self, req: VRequest, num_tokens: int, retention: int | None, boundaries: Sequence[int]
+    ) -> None:
+        rid = req.request_id
+        before = self.num_cached.get(rid, 0)
+        self.cache_blocks(req, num_tokens, retention, boundaries)
+        after = self.num_cached.get(rid, 0)
+        key = self._cache_partial_tail(req, num_tokens)
+        if key is not None:
+            self.cached_this_step.add(key)
+        blocks = self.req_blocks.get(rid, [])
+        for blk in blocks[before:after]:
+            if not blk.is_null and blk.key is not None:
+                self.cached_this_step.add(blk.key)
+
+    def _cache_partial_tail(self, req: VRequest, num_tokens: int) -> bytes | None:
+        unit = self.pool.hash_block_size
+        if num_tokens <= 0 or num_tokens % unit != 0:
+            return None
+        latest = mamba_checkpoint_position(req.num_prompt_tokens, unit, self.drop_eagle_checkpoint)
+        if num_tokens != latest:
+            return None
+        idx = cdiv(num_tokens, self.block_size) - 1
+        blocks = self.req_blocks[req.request_id]
+        if idx >= len(blocks) or blocks[idx].is_null:
+            return None
+        source = blocks[idx]
+        if source.key_tokens == num_tokens:
+            return None
+        key = self.pool.cache_partial_block(req, source, num_tokens, self.group_id)
+        if key is not None and num_tokens % self.block_size:
+            self.partial_hits[req.request_id] = (idx, source)
+            self.num_cached[req.request_id] = idx
+        return key
+
+    def pop_for_free(self, rid: str) -> list[VBlock]:
+        self.allocated.discard(rid)
+        self.last_state_idx.pop(rid, None)
+        self.retired.pop(rid, None)
+        return super().pop_for_free(rid)
+
+    def new_step(self) -> None:
+        self.cached_this_step.clear()
+
+
+def manager_for(spec: GroupSpec, pool: VBlockPool, group_id: int, step: int) -> GroupManager:
+    cls = {"sliding": SlidingWindowManager, "mamba": MambaManager}.get(spec.rule, GroupManager)
+    return cls(spec, pool, group_id, step)
