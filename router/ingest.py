@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+from offload_core.hit_rule import MAMBA_KINDS
 from router.index.base import (
     MEDIUM_BITS,
     BlockKey,
@@ -184,6 +185,11 @@ class Ingestor:
         if window is None and old is not None and old.kind == kind:
             window = old.sliding_window
         size = bs if old is None else max(old.block_size, bs)
+        unit = state.hash_unit
+        if state.settings.partial_hash_hits and kind in MAMBA_KINDS and unit and size > unit:
+            # vLLM's partial-hash hits: mamba states are looked up at every hash unit
+            # (block or partial entry), so the group is indexed and scored at the unit.
+            size = unit
         if (
             old is not None
             and old.kind == kind

@@ -202,10 +202,13 @@ class Scorer:
         metas = tuple(groups[g] for g in order)
         masks = snap.masks
         any_lists = tuple(masks.get(g, b"") for g in order)
-        memo_key = (metas, any_lists)
+        # EAGLE/MTP changes the rule (vLLM drops the last matched block); the hash unit
+        # bounds its peek block. None: the plain rule.
+        eagle = (snap.hash_unit or 0) if snap.settings.eagle else None
+        memo_key = (metas, any_lists, eagle)
         done = memo.get(memo_key)
         if done is None:
-            done = memo[memo_key] = self._compute(metas, any_lists, n, memo)
+            done = memo[memo_key] = self._compute(metas, any_lists, n, memo, eagle)
         hit, hit_gpu, group_rows, score = done
         # A copy per worker: rows never share a mutable list.
         return WorkerRow(worker_id, hit, hit_gpu, score, True, list(group_rows))
@@ -216,6 +219,7 @@ class Scorer:
         any_lists: Sequence[bytes],
         n: int,
         memo: dict[object, Any],
+        eagle: int | None = None,
     ) -> _Result:
         """(hit_tokens, hit_tokens_gpu, per-group rows, score) for one pattern."""
         plan = self._plans.get(metas)
@@ -223,12 +227,12 @@ class Scorer:
             if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
                 self._plans.clear()
             plan = self._plans[metas] = _Plan(metas)
-        hit, own = _tier(plan, any_lists, n, memo)
+        hit, own = _tier(plan, any_lists, n, memo, eagle)
         gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
         if gpu_lists == list(any_lists):
             hit_gpu, own_gpu = hit, own
         else:
-            hit_gpu, own_gpu = _tier(plan, _truncate(plan, gpu_lists), n, memo)
+            hit_gpu, own_gpu = _tier(plan, _truncate(plan, gpu_lists), n, memo, eagle)
         score = max(self._weighted(hit, plan, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
         rows = [
             GroupRow(g, m.kind, m.block_size, True, h, hg)
@@ -300,7 +304,7 @@ def _truncate(plan: _Plan, lists: list[bytes]) -> list[bytes]:
 
 
 def _tier(
-    plan: _Plan, lists: Sequence[bytes], n: int, memo: dict[object, Any]
+    plan: _Plan, lists: Sequence[bytes], n: int, memo: dict[object, Any], eagle: int | None = None
 ) -> tuple[int, list[int]]:
     """The joint hit and each group's own hit, for one tier.
 
@@ -321,6 +325,9 @@ def _tier(
         if got is None:
             got = memo[key] = group_max_hit(spec, lst, limit, step)
         own.append(got)
+    if eagle is not None:  # the per-group maxima do not bound the EAGLE rule
+        hit = longest_hit(n, plan.specs, lists, eagle=True, hash_block_size=eagle or None)
+        return hit, own
     bound = min(own)
     if bound <= 0 or bound == max(own):
         return max(bound, 0), own  # every group accepts ``bound``: it is the answer
