@@ -45,6 +45,8 @@ class WorkerSpec(BaseModel):
     # Bind the SUB at ``endpoint`` and let the engine connect: vLLM connects its PUB for
     # ``tcp://host:port`` and binds only for ``*``/``::``/ipc/inproc.
     bind: bool = False
+    # Created from a topic by the shared listener (``--listen``): fed by its socket.
+    via_listener: bool = False
     eagle: bool = False
     partial_hash_hits: bool = False
 
@@ -122,6 +124,9 @@ class RouterSettings(BaseSettings):
     replay_timeout_s: float = Field(default=2.0, gt=0)
     # Replay each publisher's buffer whenever its SUB connection is (re)established.
     replay_on_connect: bool = True
+    # One bound SUB every engine connects to (llm-d's deployment); workers are created
+    # from topics ``kv@<worker>[@<model>]`` (router.topic_listener).
+    listen: str | None = None
     # A worker that has sent no batch this long after registration is flagged ``silent``
     # (status, metric, one warning): a wrong endpoint, topic or bind/connect mismatch.
     silent_after_s: float = Field(default=30.0, gt=0)

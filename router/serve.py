@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"register a worker at start-up; repeatable ({env}WORKERS: specs separated "
         "by ';' or a JSON list)",
     )
+    add(
+        "--listen",
+        metavar="ENDPOINT",
+        help=f"bind one SUB that engines connect to, e.g. tcp://*:5557; workers are "
+        f"created from topics kv@<worker>[@<model>] ({env}LISTEN)",
+    )
     add("--api-key", help=f"key required on mutating endpoints ({env}API_KEY)")
     add(
         "--api-key-all",

@@ -27,6 +27,7 @@ from router.metrics import RouterMetrics
 from router.netutil import InvalidEndpoint
 from router.scoring import Scorer, ScoreResult, to_response
 from router.subscriber import WorkerSubscription
+from router.topic_listener import FedSubscription, TopicListener
 from schemas.rest import ScoreResponse, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ class SubscriptionManager:
         self._subs: dict[str, WorkerSubscription] = {}
         self._running = False
 
+    @property
+    def context(self) -> zmq.asyncio.Context:
+        return self._ctx
+
     def __contains__(self, worker_id: object) -> bool:
         return worker_id in self._subs
 
@@ -59,7 +64,8 @@ class SubscriptionManager:
         """Open the sockets (raises ``InvalidEndpoint``); start at once if running."""
         if spec.worker_id in self._subs:
             raise KeyError(spec.worker_id)
-        sub = WorkerSubscription(spec, self._ctx, self._ingestor, self._settings)
+        kind = FedSubscription if spec.via_listener else WorkerSubscription
+        sub = kind(spec, self._ctx, self._ingestor, self._settings)
         self._subs[spec.worker_id] = sub
         if self._running:
             sub.start()
@@ -126,6 +132,7 @@ class RouterService:
         self.started_at = time.time()
         self._background: list[BackgroundFactory] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self.listener: TopicListener | None = None
         self._running = False
         self._stopped = False
         for spec in s.workers:
@@ -139,6 +146,12 @@ class RouterService:
         for spec in self.settings.workers:
             await self.ingestor.configure(spec.worker_id, spec.engine_settings())
         self.subscriptions.start()
+        if self.settings.listen is not None:
+            listener = TopicListener(
+                self.settings, self.subscriptions.context, self.subscriptions.get, self._adopt
+            )
+            self.listener = listener
+            self._tasks.append(asyncio.create_task(listener.run(), name="kvroute-listener"))
         for factory in self._background:
             self._spawn(factory)
         log.info(
@@ -160,6 +173,15 @@ class RouterService:
         with contextlib.suppress(Exception):
             await self.index.close()
         log.info("router stopped")
+
+    async def _adopt(self, spec: WorkerSpec) -> WorkerSubscription | None:
+        """A worker named by a new topic on the shared listener."""
+        try:
+            await self.add_worker(spec)
+        except (WorkerExists, InvalidEndpoint, ValueError) as exc:
+            log.warning("listener: cannot add worker %s: %s", spec.worker_id, exc)
+            return None
+        return self.subscriptions.get(spec.worker_id)
 
     def add_background(self, factory: BackgroundFactory) -> None:
         """Run ``factory()`` as a task while the service runs (cancelled at stop)."""

@@ -100,6 +100,13 @@ class WorkerSubscription:
         self._registered_at = time.monotonic()
         self._silent_logged = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._open_sockets(spec, ctx, settings)
+
+    def _open_sockets(
+        self, spec: WorkerSpec, ctx: zmq.asyncio.Context, settings: RouterSettings
+    ) -> None:
+        """The SUB (connected, or bound with ``bind``), its monitor and a blocking twin;
+        raises ``InvalidEndpoint``."""
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)

@@ -16,6 +16,7 @@ from publisher import ZmqEventPublisher
 from router.config import RouterSettings, WorkerSpec
 from router.netutil import InvalidEndpoint, free_port
 from router.service import RouterService
+from router.topic_listener import parse_topic
 from schemas import BlockStored, KVEventBatch
 
 
@@ -87,3 +88,43 @@ async def test_both_sides_connecting_is_reported_silent(service: RouterService) 
         assert 'kvroute_worker_silent{worker="w"} 1.0' in text
     finally:
         pub.shutdown()
+
+
+def test_topics_name_workers() -> None:
+    assert parse_topic(b"kv@10.0.0.5@meta-llama/Llama-3.1-8B") == (
+        "10.0.0.5",
+        "meta-llama/Llama-3.1-8B",
+    )
+    assert parse_topic(b"kv@eng-1") == ("eng-1", None)
+    assert parse_topic(b"kv@") is None and parse_topic(b"other@x") is None
+    assert parse_topic(b"kv@bad id") is None and parse_topic(b"\xff") is None
+
+
+async def test_one_listener_for_a_fleet_that_connects() -> None:
+    """llm-d's deployment: every engine connects to one bound SUB, topic names it."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    svc = RouterService(RouterSettings(listen=endpoint))
+    await svc.start()
+    pubs = [
+        ZmqEventPublisher(endpoint, topic="kv@10.0.0.5@llama"),
+        ZmqEventPublisher(endpoint, topic="kv@eng1"),
+    ]
+    try:
+        i = 0
+
+        async def both_ingested() -> bool:
+            nonlocal i
+            i += 1
+            for pub in pubs:
+                pub.publish(_store(i))
+            infos = {w.worker_id: w for w in await svc.worker_infos()}
+            return all(infos.get(w) and infos[w].events > 0 for w in ("10.0.0.5", "eng1"))
+
+        await wait_until(both_ingested, "both engines' workers created and ingested")
+        info = await svc.worker_info("10.0.0.5")
+        assert (info.model, info.state, info.topic) == ("llama", "connected", "kv@10.0.0.5@llama")
+        assert svc.listener is not None and svc.listener.unknown_topics == 0
+    finally:
+        for pub in pubs:
+            pub.shutdown()
+        await svc.stop()
