@@ -6,6 +6,8 @@ extension (the proxy routes with its ``RoutingCore``).
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI
 
 from router.proxy.core import Proxy, ProxyError
@@ -19,6 +21,8 @@ __all__ = ["Proxy", "ProxyError", "install"]
 
 def install(app: FastAPI, service: RouterService) -> Proxy:
     proxy = Proxy(service)
+    # httpx logs every request at INFO: per-request noise and cost on the hot path.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     app.state.proxy = proxy
     service.proxy = proxy  # type: ignore[attr-defined]  # the dashboard summary reads it
     app.include_router(router)

@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 import msgspec
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.policy import POLICY_NAMES
 from router.proxy.core import Proxy, ProxyError
 from router.proxy.tokenization import TokenizationError
 from router.routing_state import Decision
 from router.service import UnknownWorker
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,9 @@ def _json_error(status: int, code: str, message: str) -> tuple[int, bytes]:
 
 async def _send_json(send: Send, status: int, body: bytes, extra: list | None = None) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send(
+        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -153,7 +155,9 @@ class ProxyMiddleware:
         try:
             body = _body_decoder.decode(raw)
         except msgspec.DecodeError as exc:
-            raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+            raise ProxyError(
+                400, "invalid_json", f"request body is not valid JSON: {exc}"
+            ) from None
         if not isinstance(body, dict):
             raise ProxyError(400, "invalid_request", "request body must be a JSON object")
         model = body.get("model")
@@ -165,7 +169,9 @@ class ProxyMiddleware:
             if name == b"x-kvroute-policy":
                 policy = value.decode("latin-1")
                 if policy not in POLICY_NAMES:
-                    raise ProxyError(400, "unknown_policy", f"policy {policy!r} not in {POLICY_NAMES}")
+                    raise ProxyError(
+                        400, "unknown_policy", f"policy {policy!r} not in {POLICY_NAMES}"
+                    )
             elif name in (b"x-request-id", b"accept") or (
                 name == b"authorization" and not self.proxy.settings.api_key_all
             ):
@@ -178,11 +184,15 @@ class ProxyMiddleware:
         except TokenizationError as exc:
             raise ProxyError(400, "invalid_request", str(exc)) from None
         if len(tokens) > p.settings.max_request_tokens:
-            raise ProxyError(413, "prompt_too_long", f"{len(tokens)} prompt tokens exceed the limit")
+            raise ProxyError(
+                413, "prompt_too_long", f"{len(tokens)} prompt tokens exceed the limit"
+            )
         scores = await p.scores(tokens, workers, body)
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        want_usage = stream and isinstance(body.get("stream_options"), dict) and bool(
-            body["stream_options"].get("include_usage")
+        want_usage = (
+            stream
+            and isinstance(body.get("stream_options"), dict)
+            and bool(body["stream_options"].get("include_usage"))
         )
         finished = False
 
@@ -207,7 +217,10 @@ class ProxyMiddleware:
             if not watch.done():
                 watch.cancel()
         if job in done or finished:  # finished: uvicorn reports the end as a disconnect
-            return await job
+            try:
+                return await job
+            except OSError:  # uvicorn's ClientDisconnected from a send
+                return "client_cancelled"
         job.cancel()  # the client went away: closing the upstream response cancels it there
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await job
@@ -286,7 +299,11 @@ class ProxyMiddleware:
                     raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
                 out_headers.append((b"content-length", b"%d" % len(body)))
                 await send(
-                    {"type": "http.response.start", "status": response.status_code, "headers": out_headers}
+                    {
+                        "type": "http.response.start",
+                        "status": response.status_code,
+                        "headers": out_headers,
+                    }
                 )
                 await send({"type": "http.response.body", "body": body})
                 if response.status_code == 200:
@@ -311,7 +328,9 @@ class ProxyMiddleware:
             first = b""
         except httpx.HTTPError as exc:
             raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
         tail = first if want_usage else b""
         await send({"type": "http.response.body", "body": first, "more_body": True})
         outcome = "ok"
@@ -326,7 +345,9 @@ class ProxyMiddleware:
             err = msgspec.json.encode(
                 {"error": {"code": "upstream_failed", "message": f"stream broken: {exc}"}}
             )
-            await send({"type": "http.response.body", "body": b"data: " + err + b"\n\n", "more_body": True})
+            await send(
+                {"type": "http.response.body", "body": b"data: " + err + b"\n\n", "more_body": True}
+            )
         await send({"type": "http.response.body", "body": b""})
         if want_usage:
             self._observe(decision, cached_tokens_of_stream(tail))

@@ -177,7 +177,9 @@ def completion_tokens(tok: ModelTokenizer | None, body: Mapping[str, Any]) -> li
         if tok is None:
             return None
         return tok.encode(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
-    raise TokenizationError("'prompt' must be a non-empty string, token-id list, or a list of those")
+    raise TokenizationError(
+        "'prompt' must be a non-empty string, token-id list, or a list of those"
+    )
 
 
 class TokenizerRegistry:
