@@ -311,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info")
     # The OpenAI API (offload_core/engine_app.py): text prompts and chat need a tokenizer.
     p.add_argument("--tokenizer", default=None, help="dir with tokenizer.json (text, chat)")
-    p.add_argument("--served-model-name", default="kvroute-sim", help="the model it serves")
+    p.add_argument(
+        "--served-model-name", default=None, help="its model (default kvroute-sim, any name ok)"
+    )
     p.add_argument("--token-delay-ms", type=float, default=0.0, help="simulated decode step")
     return p
 

@@ -56,6 +56,7 @@ def create_app(
     *,
     tokenizer: Any = None,
     model: str = DEFAULT_MODEL,
+    strict_model: bool = False,
     token_delay_s: float = 0.0,
 ) -> FastAPI:
     """``tokenizer``: a ``router.proxy.tokenization.ModelTokenizer`` for text prompts and
@@ -108,7 +109,7 @@ def create_app(
         return tokenizer
 
     def check_model(name: str | None) -> None:
-        if name is not None and name != model:
+        if strict_model and name is not None and name != model:
             raise _Reject(404, "model_not_found", f"the model {name!r} does not exist")
 
     def to_ids(prompt: list[int] | str, add_special_tokens: bool) -> list[int]:
@@ -237,7 +238,7 @@ def run_server(
     topic: str,
     *,
     tokenizer: str | None = None,
-    model: str = DEFAULT_MODEL,
+    model: str | None = None,
     token_delay_s: float = 0.0,
 ) -> int:
     """Run ``kvroute engine`` until interrupted."""
@@ -276,7 +277,13 @@ def run_server(
         port,
     )
     try:
-        app = create_app(engine, tokenizer=tok, model=model, token_delay_s=token_delay_s)
+        app = create_app(
+            engine,
+            tokenizer=tok,
+            model=model or DEFAULT_MODEL,
+            strict_model=model is not None,  # like vLLM: 404 for another model's name
+            token_delay_s=token_delay_s,
+        )
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         engine.shutdown()
