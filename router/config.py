@@ -149,6 +149,19 @@ class RouterSettings(BaseSettings):
     route_predict_ttl_s: float = Field(default=3.0, ge=0)
     route_prefix_block_tokens: int = Field(default=64, ge=1)
     route_seed: int | None = None
+    # OpenAI-compatible proxy (router/proxy; docs/proxy.md)
+    tokenizers: dict[str, str] = Field(
+        default_factory=dict,
+        description="model -> tokenizer dir / file / HF id in the local cache; '*' = any model",
+    )
+    proxy_retries: int = Field(default=2, ge=0, le=16)
+    proxy_connect_timeout_s: float = Field(default=2.0, gt=0)
+    proxy_timeout_s: float = Field(default=600.0, gt=0)
+    proxy_max_connections: int = Field(default=1024, ge=1)
+    proxy_require_events: bool = True
+    health_interval_s: float = Field(default=2.0, gt=0)
+    health_timeout_s: float = Field(default=1.0, gt=0)
+    health_failures: int = Field(default=2, ge=1)
 
     @field_validator("workers", mode="before")
     @classmethod
