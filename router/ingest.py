@@ -38,7 +38,15 @@ from router.index.base import (
     StoreOp,
     WorkerState,
 )
-from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from router.sglang_hashing import detect_sglang_hash
+from schemas import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    normalise_medium,
+)
 from schemas.rest import GroupInfo
 
 log = logging.getLogger(__name__)
@@ -206,7 +214,7 @@ class Ingestor:
         wanted: dict[int, set[EngineHash]] = {}
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                if not ev.token_ids or ev.medium not in (None, MEDIUM_GPU):
+                if not ev.token_ids or normalise_medium(ev.medium) != MEDIUM_GPU:
                     # Offload-tier stores copy blocks the map usually names already, even
                     # when their parent has gone from every tier since.
                     wanted.setdefault(ev.block_size, set()).update(ev.block_hashes)
@@ -228,7 +236,7 @@ class Ingestor:
             elif isinstance(ev, BlockRemoved):
                 c.events_removed += 1
                 g = ev.group_idx if ev.group_idx is not None else 0
-                bit = MEDIUM_BITS.get(ev.medium or "GPU")
+                bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
                 if bit is None:
                     self._bad(f"unknown medium {ev.medium!r}")
                 elif g not in state.groups:
@@ -257,7 +265,7 @@ class Ingestor:
         c = self.counters
         hashes = ev.block_hashes
         n = len(hashes)
-        bit = MEDIUM_BITS.get(ev.medium or "GPU")
+        bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
         if bit is None:
             self._bad(f"unknown medium {ev.medium!r}")
             return
@@ -283,12 +291,17 @@ class Ingestor:
         others = None
         if tokens and parent_hash is None:
             extra = split_extra_keys(ev.extra_keys, n, ev.lora_name)
-            parent = root_digest(extra.lora_name, extra.cache_salt)
+            # vLLM carries the salt in extra_keys, SGLang as a field of the event.
+            salt = extra.cache_salt if extra.cache_salt is not None else ev.cache_salt
+            parent = root_digest(extra.lora_name, salt)
             others = extra.others
             if state.hash_mode == "unknown":
                 first = ev.extra_keys[0] if ev.extra_keys else None
-                algo = detect_engine_hash(hashes[0], tokens[:bs], first)
-                state.hash_mode = "engine" if algo is not None else "canonical"
+                vllm = detect_engine_hash(hashes[0], tokens[:bs], first) is not None
+                if vllm or detect_sglang_hash(hashes[0], tokens[:bs], ev.cache_salt):
+                    state.hash_mode = "engine"
+                elif ev.lora_name is None:  # SGLang LoRA chains: decide on a later chain
+                    state.hash_mode = "canonical"
         elif tokens:
             parent_key = local.get(parent_hash)
             if parent_key is not None:
