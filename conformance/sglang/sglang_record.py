@@ -9,6 +9,10 @@ eviction under a token budget), hands every step's ``take_events()`` to SGLang's
 ``_compute_max_prefix_len``) about a set of probe prompts. The frames are read back from
 the publisher's replay socket, i.e. exactly what a subscriber gets.
 
+With ``--kvroute URL`` a running ``kvroute serve`` subscribes to the publisher too, and
+every probe is also asked of its ``/v1/score`` (once the router has applied every batch
+published so far); the run fails unless every answer equals ``match_prefix``'s.
+
 Host tier: a second RadixCache of the same page size plays SGLang's host (L2) tier. It
 takes write-through copies of every inserted sequence and evicts under its own budget;
 its recorder reports with ``StorageMedium.CPU`` ("CPU_PINNED"), as HiCache's
@@ -24,6 +28,7 @@ import json
 import random
 import sys
 import time
+import urllib.request
 from array import array
 from pathlib import Path
 from types import SimpleNamespace
@@ -91,8 +96,54 @@ def _match(cache: RadixCache, tokens: list[int], ns: tuple[str | None, str | Non
     return cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
 
 
+class LiveRouter:
+    """A running ``kvroute serve``, asked over plain HTTP (no kvroute import here)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.exact = 0
+        self.total = 0
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("content-type", "application/json")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def register(self, worker_id: str, endpoint: str, replay_endpoint: str) -> None:
+        body = {"worker_id": worker_id, "endpoint": endpoint, "replay_endpoint": replay_endpoint}
+        self._call("POST", "/v1/workers", body)
+
+    def wait_applied(self, worker_id: str, batches: int) -> None:
+        deadline = time.monotonic() + 30
+        while batches:
+            seqs = self._call("GET", f"/v1/workers/{worker_id}").get("last_seq") or {}
+            if max(seqs.values(), default=-1) >= batches - 1:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kvroute did not apply {batches} batches: {seqs}")
+            time.sleep(0.01)
+
+    def check(self, worker_id: str, probe: dict[str, Any]) -> None:
+        body = {
+            "token_ids": probe["token_ids"],
+            "cache_salt": probe["cache_salt"],
+            "lora_name": probe["lora_name"],
+            "workers": [worker_id],
+        }
+        w = self._call("POST", "/v1/score", body)["workers"][0]
+        self.total += 1
+        self.exact += (w["hit_tokens"], w["hit_tokens_gpu"]) == (
+            probe["hit_tokens"],
+            probe["hit_tokens_gpu"],
+        )
+
+
 class Scenario:
-    def __init__(self, name: str, spec: dict[str, Any], port: int) -> None:
+    def __init__(
+        self, name: str, spec: dict[str, Any], port: int, live: LiveRouter | None = None
+    ) -> None:
         self.name = name
         self.spec = spec
         self.page = spec["page_size"]
@@ -130,6 +181,10 @@ class Scenario:
         )
         self.published = 0
         self.probes: list[dict[str, Any]] = []
+        self.live = live
+        self.worker_id = f"sglang-{name}"
+        if live is not None:
+            live.register(self.worker_id, self.endpoint, self.replay_endpoint)
 
     def _tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(1, 150_000) for _ in range(n)]
@@ -146,16 +201,18 @@ class Scenario:
     def probe(self, tokens: list[int], ns: tuple[str | None, str | None]) -> None:
         gpu = _match(self.device, tokens, ns)
         any_tier = max(gpu, _match(self.host, tokens, ns)) if self.host is not None else gpu
-        self.probes.append(
-            {
-                "after_batches": self.published,
-                "token_ids": tokens,
-                "cache_salt": ns[0],
-                "lora_name": ns[1],
-                "hit_tokens": any_tier,
-                "hit_tokens_gpu": gpu,
-            }
-        )
+        probe = {
+            "after_batches": self.published,
+            "token_ids": tokens,
+            "cache_salt": ns[0],
+            "lora_name": ns[1],
+            "hit_tokens": any_tier,
+            "hit_tokens_gpu": gpu,
+        }
+        self.probes.append(probe)
+        if self.live is not None:
+            self.live.wait_applied(self.worker_id, self.published)
+            self.live.check(self.worker_id, probe)
 
     def insert(self, tokens: list[int], ns: tuple[str | None, str | None]) -> None:
         for cache, budget in ((self.device, self.device_budget), (self.host, self.host_budget)):
@@ -224,13 +281,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--port", type=int, default=25557)
+    ap.add_argument("--kvroute", help="base URL of a running kvroute serve to check live")
     args = ap.parse_args()
+    live = LiveRouter(args.kvroute) if args.kvroute else None
     args.out.mkdir(parents=True, exist_ok=True)
     import sglang
 
     summary = {}
     for i, (name, spec) in enumerate(SCENARIOS.items()):
-        sc = Scenario(name, spec, args.port + 2 * i)
+        if live is not None:
+            live.exact = live.total = 0
+        sc = Scenario(name, spec, args.port + 2 * i, live)
         sc.run()
         frames = sc.frames()
         sc.publisher.shutdown()
@@ -244,7 +305,13 @@ def main() -> int:
         (args.out / f"{name}.msgpack").write_bytes(msgspec.msgpack.encode(record))
         hits = sum(1 for p in sc.probes if p["hit_tokens"] > 0)
         summary[name] = {"batches": len(frames), "probes": len(sc.probes), "probes_hit": hits}
+        if live is not None:
+            summary[name]["kvroute_exact"] = f"{live.exact}/{live.total}"
     print(json.dumps(summary, indent=1))
+    if live is not None and any(
+        v["kvroute_exact"] != f"{v['probes']}/{v['probes']}" for v in summary.values()
+    ):
+        return 1
     return 0
 
 
