@@ -40,7 +40,14 @@ from router.index.base import (
     WorkerState,
 )
 from router.key_planner import Keyed, KeyPlanner
-from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from schemas import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    normalise_medium,
+)
 from schemas.rest import GroupInfo
 
 log = logging.getLogger(__name__)
@@ -206,7 +213,8 @@ class Ingestor:
         self, state: WorkerState, batch: KVEventBatch, ops: list[Op], known: dict
     ) -> None:
         """The hash unit: registered, else the gcd of every block size seen. A unit that
-        shrinks voids the keys chained so far (counted; register ``hash_block_size``)."""
+        shrinks voids the keys chained so far (counted; register ``hash_block_size``).
+        Clears keep it: relearning it after each would void keys again and again."""
         if state.settings.hash_block_size is not None:
             state.hash_unit = state.settings.hash_block_size
             return
@@ -222,6 +230,7 @@ class Ingestor:
             self.counters.hash_unit_changes += 1
             ops.append(ClearOp())
             known.clear()
+            state.hash_mode = "unknown"
         state.hash_unit = unit
 
     async def apply_batch(self, worker_id: str, batch: KVEventBatch) -> None:
@@ -267,7 +276,7 @@ class Ingestor:
             if bs is not None:
                 sizes.add(bs)
             tokens = ev.token_ids
-            if not tokens or ev.medium not in (None, MEDIUM_GPU):
+            if not tokens or normalise_medium(ev.medium) != MEDIUM_GPU:
                 # Offload-tier stores copy blocks the map usually names already, even
                 # when their parent has gone from every tier since.
                 wanted.update(ev.block_hashes)
@@ -304,7 +313,7 @@ class Ingestor:
             elif isinstance(ev, BlockRemoved):
                 c.events_removed += 1
                 g = self._group(ev.group_idx)
-                bit = MEDIUM_BITS.get(ev.medium or "GPU")
+                bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
                 if g is None:
                     continue
                 if bit is None:
@@ -331,7 +340,7 @@ class Ingestor:
         g = self._group(ev.group_idx)
         if g is None:
             return
-        bit = MEDIUM_BITS.get(ev.medium or "GPU")
+        bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
         if bit is None:
             self._bad(f"unknown medium {ev.medium!r}")
             return

@@ -20,6 +20,7 @@ from router.hash_modes import (
     split_extra_keys,
 )
 from router.index.base import BlockKey, EngineHash, WorkerState
+from router.sglang_hashing import detect_sglang_hash
 from router.store_placement import block_keys_at, place_sparse
 from schemas import BlockStored, KVEventBatch
 
@@ -62,6 +63,8 @@ class KeyPlanner:
         for ev in self.events:
             if isinstance(ev, BlockStored) and ev.parent_block_hash is None and ev.token_ids:
                 salt = split_extra_keys(ev.extra_keys, 1, ev.lora_name).cache_salt
+                if salt is None:
+                    salt = ev.cache_salt
                 if salt not in self.salts:
                     self.salts.append(salt)
 
@@ -145,7 +148,9 @@ class KeyPlanner:
         parent_hash = ev.parent_block_hash
         extra = split_extra_keys(ev.extra_keys, n, ev.lora_name)
         if parent_hash is None:
-            roots = [root_digest(extra.lora_name, extra.cache_salt)]
+            # vLLM carries the salt in extra_keys, SGLang as a field of the event.
+            salt = extra.cache_salt if extra.cache_salt is not None else ev.cache_salt
+            roots = [root_digest(extra.lora_name, salt)]
             if res.sparse:
                 roots += [root_digest(extra.lora_name, s) for s in self.salts]
         else:
@@ -171,9 +176,13 @@ class KeyPlanner:
         known.update(zip(hashes, keys, strict=True))
         if self.check_algo and parent_hash is None and not res.sparse and bs == unit:
             first = ev.extra_keys[0] if ev.extra_keys else None
-            algo = detect_engine_hash(hashes[0], tokens[:bs], first)
-            res.algo_checked = "engine" if algo is not None else "canonical"
-            self.check_algo = False
+            vllm = detect_engine_hash(hashes[0], tokens[:bs], first) is not None
+            if vllm or detect_sglang_hash(hashes[0], tokens[:bs], ev.cache_salt):
+                res.algo_checked = "engine"
+                self.check_algo = False
+            elif ev.lora_name is None:  # SGLang LoRA chains: decide on a later chain
+                res.algo_checked = "canonical"
+                self.check_algo = False
         return res
 
 
