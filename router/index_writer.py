@@ -111,6 +111,10 @@ class IndexWriter:
         self._counters = counters
         self._staged: list[tuple[int, int, KVEventBatch]] = []
         self._staged_events = 0
+        # A write that failed for a reason other than an outage: the batches are lost to
+        # the index, so their seqs are not recorded and the worker must be resynced.
+        self.failed = False
+        self.clear_failed = False
 
     async def stage(self, rank: int, seq: int, batch: KVEventBatch) -> None:
         """Queue ``batch``; writes when enough events are staged (else at ``flush``)."""
@@ -130,9 +134,11 @@ class IndexWriter:
             last = staged[-1][2]
             events = [e for _, _, b in staged for e in b.events]
             merged = KVEventBatch(last.ts, events, last.data_parallel_rank)
-        if await self.retry.call(self._ingestor.apply_batch, self.worker_id, merged):
-            self._counters.batches += len(staged)
-            self._counters.events += n_events
+        if not await self.retry.call(self._ingestor.apply_batch, self.worker_id, merged):
+            self.failed = True
+            return
+        self._counters.batches += len(staged)
+        self._counters.events += n_events
         for rank, seq, _ in staged:
             self.written[rank] = seq
 
@@ -140,4 +146,5 @@ class IndexWriter:
         """Write what is staged, then drop every entry of the worker."""
         await self.flush()
         self.written.clear()
-        await self.retry.call(self._ingestor.clear_worker, self.worker_id)
+        if not await self.retry.call(self._ingestor.clear_worker, self.worker_id):
+            self.clear_failed = True

@@ -135,8 +135,14 @@ class _ServiceCollector(Collector):
             "1 when the worker sent no batch within silent_after_s of registration",
             labels=["worker"],
         )
+        faulted = GaugeMetricFamily(
+            "kvroute_worker_faulted",
+            "1 while a failed index write is being repaired (clear and replay)",
+            labels=["worker"],
+        )
         for sub in subs:
             silent.add_metric([sub.worker_id], 1.0 if sub.silent else 0.0)
+            faulted.add_metric([sub.worker_id], 1.0 if sub.faulted else 0.0)
             current = sub.state
             for s in STATES:
                 state.add_metric([sub.worker_id, s], 1.0 if s == current else 0.0)
@@ -147,6 +153,7 @@ class _ServiceCollector(Collector):
         yield lag
         yield last_seq
         yield silent
+        yield faulted
         yield GaugeMetricFamily("kvroute_workers", "registered workers", value=len(subs))
 
         for name, value in svc.ingestor.counters.as_dict().items():

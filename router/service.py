@@ -263,6 +263,7 @@ class RouterService:
             replays=c.replays,
             resyncs=c.resyncs,
             silent=sub.silent,
+            faulted=sub.faulted,
             decode_errors=c.decode_errors,
             replay_failures=c.replay_failures,
             duplicates=c.duplicates,

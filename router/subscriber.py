@@ -53,6 +53,9 @@ _IDLE_POLL_MS = 250
 # Delay from a TCP connect to the catch-up replay: by then the subscription has reached
 # the publisher, so nothing published after the replay's answer can be missed.
 CATCH_UP_DELAY_S = 0.15
+# Backoff of the clear-and-replay repair after a failed index write (doubles per failure).
+_REPAIR_FIRST_S = 0.2
+_REPAIR_MAX_S = 30.0
 
 
 @dataclass
@@ -98,6 +101,9 @@ class WorkerSubscription:
         self._logged_decode_error = False
         self._catch_up_at: float | None = None
         self._registered_at = time.monotonic()
+        self._repair_at: float | None = None
+        self._repair_delay = _REPAIR_FIRST_S
+        self.faulted = False  # an index write failed; repaired when _repair_at is due
         self._silent_logged = False
         self._tasks: list[asyncio.Task[None]] = []
         self._open_sockets(spec, ctx, settings)
@@ -235,6 +241,8 @@ class WorkerSubscription:
     # ------------------------------------------------------------------ main loop
     async def _run(self) -> None:
         while True:
+            if self._repair_at is not None and time.monotonic() >= self._repair_at:
+                await self._repair()
             due = self._catch_up_at
             if due is not None and time.monotonic() >= due:
                 self._catch_up_at = None
@@ -253,7 +261,7 @@ class WorkerSubscription:
                 except zmq.Again:
                     break
                 await self._on_live(frames)
-            await self._writer.flush()
+            await self._flush()
             await asyncio.sleep(0)
 
     async def _catch_up(self) -> None:
@@ -275,7 +283,7 @@ class WorkerSubscription:
         same = bool(got) and got[0].seq == top and hash(got[0].payload) == fingerprint
         if same:
             await self._apply_replayed(got)
-            await self._writer.flush()
+            await self._flush()
             return
         log.warning(
             "worker %s: the publisher's history no longer matches seq %d (restarted while "
@@ -362,7 +370,7 @@ class WorkerSubscription:
                 first = frames[0].seq if frames else None
                 await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
             await self._apply_replayed(frames)
-            await self._writer.flush()
+            await self._flush()
         finally:
             self.syncing = False
 
@@ -408,6 +416,41 @@ class WorkerSubscription:
         self.counters.resyncs += 1
         self._seq.forget_applied()
         await self._writer.clear()
+
+    async def _flush(self) -> None:
+        """Write what is staged. A write that failed (not an outage: a bug, a bad
+        backend reply) leaves the index without those batches: the worker is marked
+        ``faulted`` and repaired -- cleared and rebuilt from the publisher's buffer --
+        after a backoff that doubles while repairs fail, so a fault that persists costs
+        a repair every ``_REPAIR_MAX_S`` at most, never a hot loop."""
+        await self._writer.flush()
+        if self._writer.failed:
+            self._writer.failed = False
+            self._fault()
+
+    def _fault(self) -> None:
+        self.faulted = True
+        if self._repair_at is None:
+            self._repair_at = time.monotonic() + self._repair_delay
+            self._repair_delay = min(self._repair_delay * 2, _REPAIR_MAX_S)
+
+    async def _repair(self) -> None:
+        self._repair_at = None
+        await self._clear("an index write failed")
+        if self.spec.replay_endpoint is not None:
+            await self._apply_replayed(await self._fetch_replay(0, quiet=False) or [])
+        await self._writer.flush()
+        if self._writer.failed or self._writer.clear_failed:
+            self._writer.failed = self._writer.clear_failed = False
+            self._fault()
+            return
+        self.faulted = False
+        self._repair_delay = _REPAIR_FIRST_S
+        log.info(
+            "worker %s: repaired after a failed index write",
+            self.worker_id,
+            extra=self._event("worker_repaired"),
+        )
 
     # ------------------------------------------------------------------ apply
     async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:

@@ -71,6 +71,10 @@ class WorkerInfo(BaseModel):
     silent: bool = Field(
         default=False, description="no batch yet, silent_after_s after registration"
     )
+    faulted: bool = Field(
+        default=False,
+        description="an index write failed; the worker is being rebuilt from its publisher",
+    )
     groups: dict[int, GroupInfo] = Field(default_factory=dict)
 
 
