@@ -285,12 +285,18 @@ class WorkerSubscription:
             await self._apply_replayed(got)
             await self._flush()
             return
+        if got and got[0].seq > top:
+            # Its buffer starts after our last seq: it moved past its buffer while we
+            # were away (or restarted and got further); either way history is missing.
+            why, event = f"the publisher's buffer now starts at seq {got[0].seq}", "replay_overrun"
+        else:  # nothing at our seq, or other bytes there: a new publisher process
+            why, event = "the publisher restarted while we were away", "publisher_restarted"
         log.warning(
-            "worker %s: the publisher's history no longer matches seq %d (restarted while "
-            "we were away); resyncing",
+            "worker %s: history after seq %d is not available (%s); resyncing",
             self.worker_id,
             top,
-            extra=self._event("publisher_restarted", seq=top),
+            why,
+            extra=self._event(event, seq=top),
         )
         self._seq.forget_live()
         await self._recover(start=0, clear_first=True)
@@ -300,12 +306,19 @@ class WorkerSubscription:
             self._decode_error(f"expected 3 frames [topic, seq(8B), payload], got {len(frames)}")
             return
         seq = int.from_bytes(frames[1], "big")
-        batch = self._decode(frames[2], seq)
+        scratch = DecodeStats()  # counted unless a replay already applied this frame
+        batch = self._decode(frames[2], seq, scratch)
         if batch is None:
+            if self.spec.replay_endpoint is not None:
+                # Corrupted in transit? The publisher's buffer holds its own copy: fetch
+                # from this seq (a copy that is bad there too stays skipped, counted).
+                await self._recover(start=seq, quiet=True)
             return
         rank = batch.data_parallel_rank or 0
         decision = self._seq.observe_live(rank, seq)
         verdict = decision.verdict
+        if verdict is not Verdict.DUPLICATE:
+            self.decode_stats.add(scratch)
         if verdict is Verdict.APPLY:
             await self._apply(seq, batch, frames[2])
         elif verdict is Verdict.DUPLICATE:
@@ -401,10 +414,16 @@ class WorkerSubscription:
         return [f for f in frames if f.topic.startswith(prefix)]
 
     async def _apply_replayed(self, frames: list[ReplayFrame]) -> None:
+        """Apply the frames not applied yet; a replay overlaps what was decoded live, so
+        decoder counters count a frame only when it is new (once per seq)."""
         for frame in frames:
-            batch = self._decode(frame.payload, frame.seq)
-            if batch is not None:
-                await self._apply_if_new(frame.seq, batch, frame.payload)
+            scratch = DecodeStats()
+            batch = self._decode(frame.payload, frame.seq, scratch)
+            if batch is None:
+                continue
+            if self._seq.is_new(batch.data_parallel_rank or 0, frame.seq):
+                self.decode_stats.add(scratch)
+            await self._apply_if_new(frame.seq, batch, frame.payload)
 
     async def _clear(self, why: str) -> None:
         log.warning(
@@ -466,10 +485,14 @@ class WorkerSubscription:
         await self._writer.stage(rank, seq, batch)
 
     # ------------------------------------------------------------------ decode
-    def _decode(self, payload: bytes, seq: int) -> KVEventBatch | None:
+    def _decode(
+        self, payload: bytes, seq: int, stats: DecodeStats | None = None
+    ) -> KVEventBatch | None:
         try:
-            return decode_batch(payload, self.decode_stats)
+            return decode_batch(payload, self.decode_stats if stats is None else stats)
         except DecodeError as exc:
+            if self._seq.is_bad(seq):  # bad at the source too: its replayed copy
+                return None
             self._seq.mark_bad(seq)
             self._decode_error(f"seq {seq}: {exc}")
             return None

@@ -45,6 +45,10 @@ class DecodeStats:
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def add(self, other: DecodeStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
 
 # Strict twins of the wire structs: identical fields (same order, so the same layout) and
 # tags, but unknown map keys (and trailing batch elements) are an error, so a payload

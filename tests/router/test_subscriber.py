@@ -355,3 +355,21 @@ def test_tracker_join_restart_duplicates_and_bad_seqs():
     assert verdicts(t, [(0, 2)]) == ["restart"]
     t.forget_applied()
     assert t.is_new(0, 0)
+
+
+async def test_a_frame_corrupted_in_transit_is_replayed_from_the_buffer(
+    service: RouterService, engine: FakeEngine
+):
+    """The publisher's buffer holds the good copy of a frame that arrived undecodable."""
+    sub = await register(service, engine)
+    await engine.publish(batch(store_chain(0)))
+    seq = await engine.publish(batch(store_chain(1)), deliver=False)
+    await engine.pub.send_multipart([engine.topic, seq.to_bytes(8, "big"), b"\xc1garbage"])
+    await applied(sub, seq)
+    assert sub.counters.decode_errors == 1
+    assert [await hits(service, "w0", i) for i in range(2)] == [8, 8]
+    # Later removals apply on top of the repaired state (nothing stale, nothing lost).
+    hashes, _ = chain(1)
+    await engine.publish(batch(removed(hashes[1:])))
+    await applied(sub, seq + 1)
+    assert await hits(service, "w0", 1) == 4
