@@ -130,6 +130,9 @@ class RouterSettings(BaseSettings):
     # A worker that has sent no batch this long after registration is flagged ``silent``
     # (status, metric, one warning): a wrong endpoint, topic or bind/connect mismatch.
     silent_after_s: float = Field(default=30.0, gt=0)
+    # After this long without frames, ask the replay socket for frames lost at the tail
+    # of the stream (PUB/SUB has no heartbeat); 0 disables.
+    tail_check_s: float = Field(default=5.0, ge=0)
     sub_hwm: int = Field(default=100_000, ge=0)
     ingest_retry_initial_s: float = Field(default=0.05, gt=0)
     ingest_retry_max_s: float = Field(default=2.0, gt=0)

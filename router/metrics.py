@@ -45,7 +45,8 @@ _WORKER_COUNTERS = (
     ("decode_errors", "decode_errors", "undecodable frames skipped"),
     ("duplicate_batches", "duplicates", "batches skipped as already applied (replay overlap)"),
     ("ingest_retries", "ingest_retries", "index writes retried while the index was down"),
-    ("ingest_errors", "ingest_errors", "batches skipped because applying them failed"),
+    ("ingest_errors", "ingest_errors", "index writes that failed (not an outage): repaired"),
+    ("tail_checks", "tail_checks", "idle-time replay asks for frames lost at the tail"),
 )
 # (metric suffix, DecodeStats field, help)
 _DECODE_COUNTERS = (

@@ -72,6 +72,7 @@ class WorkerCounters:
     duplicates: int = 0
     ingest_retries: int = 0
     ingest_errors: int = 0
+    tail_checks: int = 0  # idle-time replay asks for frames lost at the tail
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -101,6 +102,7 @@ class WorkerSubscription:
         self._logged_decode_error = False
         self._catch_up_at: float | None = None
         self._registered_at = time.monotonic()
+        self._last_frame_at = self._tail_checked_at = time.monotonic()
         self._repair_at: float | None = None
         self._repair_delay = _REPAIR_FIRST_S
         self.faulted = False  # an index write failed; repaired when _repair_at is due
@@ -251,10 +253,12 @@ class WorkerSubscription:
             try:
                 if not await self._sub.poll(min(wait_ms, _IDLE_POLL_MS)):
                     self._check_silent()
+                    await self._check_tail()
                     continue
             except zmq.ZMQError as exc:  # socket closed under us: stop quietly
                 log.debug("worker %s SUB socket error: %s", self.worker_id, exc)
                 return
+            self._last_frame_at = time.monotonic()
             for _ in range(_DRAIN_PER_TURN):
                 try:
                     frames = self._shadow.recv_multipart(zmq.NOBLOCK)
@@ -263,6 +267,32 @@ class WorkerSubscription:
                 await self._on_live(frames)
             await self._flush()
             await asyncio.sleep(0)
+
+    async def _check_tail(self) -> None:
+        """PUB/SUB has no heartbeat: a frame lost at the end of a burst stays unnoticed
+        until the next frame arrives. After ``tail_check_s`` of silence, ask the replay
+        socket for anything after our last seq (an idle engine answers with nothing)."""
+        every = self._settings.tail_check_s
+        top = self._seq.top_seq
+        if not every or top is None or self.spec.replay_endpoint is None:
+            return
+        now = time.monotonic()
+        if now - max(self._last_frame_at, self._tail_checked_at) < every:
+            return
+        self._tail_checked_at = now
+        self.counters.tail_checks += 1
+        frames = await self._fetch_replay(top + 1, quiet=True)
+        if frames:
+            self.counters.gaps += 1
+            log.warning(
+                "worker %s: %d frame(s) after seq %d were lost at the tail of the stream; replayed",
+                self.worker_id,
+                len(frames),
+                top,
+                extra=self._event("lost_tail", seq=top, frames=len(frames)),
+            )
+            await self._apply_replayed(frames)
+            await self._flush()
 
     async def _catch_up(self) -> None:
         """After a (re)connect: fetch what was published while we were not subscribed,

@@ -373,3 +373,21 @@ async def test_a_frame_corrupted_in_transit_is_replayed_from_the_buffer(
     await engine.publish(batch(removed(hashes[1:])))
     await applied(sub, seq + 1)
     assert await hits(service, "w0", 1) == 4
+
+
+async def test_a_frame_lost_at_the_tail_is_fetched_when_the_stream_goes_quiet(
+    engine: FakeEngine,
+):
+    """No later frame would reveal the gap: the idle-time tail check does."""
+    svc = RouterService(RouterSettings(replay_timeout_s=1.0, tail_check_s=0.3))
+    await svc.start()
+    try:
+        sub = await register(svc, engine)
+        await engine.publish(batch(store_chain(0)))
+        await applied(sub, 0)
+        seq = await engine.publish(batch(store_chain(1)), deliver=False)  # lost in transit
+        await applied(sub, seq)
+        assert await hits(svc, "w0", 1) == 8
+        assert sub.counters.tail_checks >= 1 and sub.counters.gaps == 1
+    finally:
+        await svc.stop()
