@@ -133,6 +133,7 @@ class RouterService:
         self._background: list[BackgroundFactory] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.listener: TopicListener | None = None
+        self._locks: dict[str, asyncio.Lock] = {}
         self._running = False
         self._stopped = False
         for spec in s.workers:
@@ -206,10 +207,23 @@ class RouterService:
             raise WorkerExists(spec.worker_id)
         return self.subscriptions.add(spec)
 
+    def _lifecycle(self, worker_id: str) -> asyncio.Lock:
+        """One lock per worker id: a removal (unsubscribe, then delete its index data)
+        and a registration of the same id never interleave, so a re-registered worker's
+        first batches cannot be deleted by the removal before it."""
+        lock = self._locks.get(worker_id)
+        if lock is None:
+            lock = self._locks[worker_id] = asyncio.Lock()
+        return lock
+
     async def add_worker(self, spec: WorkerSpec) -> WorkerStatus:
         """Register and subscribe; raises ``WorkerExists`` or ``InvalidEndpoint``."""
-        self._register(spec)
-        await self.ingestor.configure(spec.worker_id, spec.engine_settings())
+        async with self._lifecycle(spec.worker_id):
+            if spec.worker_id in self.subscriptions:
+                raise WorkerExists(spec.worker_id)
+            # Settings first: the subscription's first batch needs the hash unit.
+            await self.ingestor.configure(spec.worker_id, spec.engine_settings())
+            self._register(spec)
         log.info(
             "worker %s registered (%s)",
             spec.worker_id,
@@ -220,10 +234,12 @@ class RouterService:
 
     async def remove_worker(self, worker_id: str) -> None:
         """Unsubscribe and drop the worker's index entries and metadata."""
-        if worker_id not in self.subscriptions:
-            raise UnknownWorker(worker_id)
-        await self.subscriptions.remove(worker_id)
-        await self.ingestor.remove_worker(worker_id)
+        async with self._lifecycle(worker_id):
+            if worker_id not in self.subscriptions:
+                raise UnknownWorker(worker_id)
+            await self.subscriptions.remove(worker_id)
+            await self.ingestor.remove_worker(worker_id)
+        self._locks.pop(worker_id, None)
         log.info(
             "worker %s removed", worker_id, extra=event_extra("worker_removed", worker=worker_id)
         )

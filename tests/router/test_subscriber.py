@@ -391,3 +391,24 @@ async def test_a_frame_lost_at_the_tail_is_fetched_when_the_stream_goes_quiet(
         assert sub.counters.tail_checks >= 1 and sub.counters.gaps == 1
     finally:
         await svc.stop()
+
+
+async def test_remove_and_register_again_never_interleave(engine: FakeEngine):
+    """Deleting a worker and registering the same id at once: the new subscription's
+    first batch must survive (the old removal deletes only what came before)."""
+    svc = RouterService(RouterSettings(replay_timeout_s=1.0))
+    await svc.start()
+    try:
+        await register(svc, engine)
+        await engine.publish(batch(store_chain(0)))
+        await wait_until(lambda: svc.subscriptions.get("w0").last_seq.get(0) == 0)  # type: ignore[union-attr]
+        await asyncio.gather(
+            svc.remove_worker("w0"), svc.add_worker(WorkerSpec(**engine.spec("w0")))
+        )
+        sub = svc.subscriptions.get("w0")
+        assert sub is not None
+        # The new subscription catches up from the publisher's buffer: chain 0 is back.
+        await wait_until(lambda: sub.last_seq.get(0) == 0, what="catch-up after re-register")
+        assert await hits(svc, "w0", 0) == 8
+    finally:
+        await svc.stop()
