@@ -24,6 +24,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 from offload_core.hit_rule import MAMBA_KINDS
 from router.index.base import (
@@ -36,6 +37,7 @@ from router.index.base import (
     IndexBackend,
     Op,
     RemoveOp,
+    SeqOp,
     StoreOp,
     WorkerState,
 )
@@ -51,6 +53,9 @@ from schemas import (
 from schemas.rest import GroupInfo
 
 log = logging.getLogger(__name__)
+
+# (index of the batch's first event in a merged batch, DP rank, seq, payload crc32)
+SeqMark = tuple[int, int, int, int]
 
 
 @dataclass
@@ -76,6 +81,7 @@ class IngestCounters:
     group_changes: int = 0  # a group's kind/size/window changed
     hash_unit_changes: int = 0  # a smaller block size showed the learned unit was wrong
     worker_clears: int = 0  # clear_worker calls (resyncs)
+    batches_skipped: int = 0  # batches the index had applied already (seq guard)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -233,11 +239,18 @@ class Ingestor:
             state.hash_mode = "unknown"
         state.hash_unit = unit
 
-    async def apply_batch(self, worker_id: str, batch: KVEventBatch) -> None:
-        """Apply a batch's events in order; problems are counted, never raised."""
-        await self.apply_batches([(worker_id, batch)])
+    async def apply_batch(
+        self, worker_id: str, batch: KVEventBatch, marks: Sequence[SeqMark] = ()
+    ) -> None:
+        """Apply a batch's events in order; problems are counted, never raised.
 
-    async def apply_batches(self, items: Sequence[tuple[str, KVEventBatch]]) -> None:
+        ``marks`` are the (first event index, rank, seq, fingerprint) of the published
+        batches merged into ``batch``: the index applies each one at most once."""
+        await self.apply_batches([(worker_id, batch, marks)])
+
+    async def apply_batches(
+        self, items: Sequence[tuple[str, KVEventBatch] | tuple[str, KVEventBatch, Any]]
+    ) -> None:
         """Apply several batches (any workers) in order with one backend write call.
 
         For Redis that is one pipelined round trip for all of them, so a subscriber that
@@ -245,9 +258,11 @@ class Ingestor:
         """
         plans: list[tuple[str, dict[int, GroupMeta], list[Op]]] = []
         carried: dict[str, dict[EngineHash, BlockKey]] = {}
-        for worker_id, batch in items:
+        for item in items:
+            worker_id, batch = item[0], item[1]
+            marks = item[2] if len(item) > 2 else ()
             known = carried.setdefault(worker_id, {})
-            groups, ops = await self._plan(worker_id, batch, known)
+            groups, ops = await self._plan(worker_id, batch, known, marks)
             if ops:
                 plans.append((worker_id, groups, ops))
         if not plans:
@@ -258,6 +273,7 @@ class Ingestor:
             c.blocks_stored_repeat += result.stored_repeat
             c.blocks_removed += result.removed
             c.blocks_removed_missing += result.removed_missing
+            c.batches_skipped += result.skipped_batches
 
     async def _resolve(
         self,
@@ -294,7 +310,11 @@ class Ingestor:
             todo = [h for h, k in zip(todo, found, strict=True) if k is None]
 
     async def _plan(
-        self, worker_id: str, batch: KVEventBatch, known: dict[EngineHash, BlockKey]
+        self,
+        worker_id: str,
+        batch: KVEventBatch,
+        known: dict[EngineHash, BlockKey],
+        marks: Sequence[SeqMark] = (),
     ) -> tuple[dict[int, GroupMeta], list[Op]]:
         """A batch as keyed operations; ``known`` carries mappings between batches."""
         c = self.counters
@@ -306,7 +326,10 @@ class Ingestor:
         await self._resolve(worker_id, state, batch, known)
         keyed = KeyPlanner(state, batch, known, self.default_block_size).run()
 
+        pending = list(reversed(marks))
         for i, ev in enumerate(batch.events):
+            while pending and pending[-1][0] <= i:
+                ops.append(SeqOp(*pending.pop()[1:]))
             if isinstance(ev, BlockStored):
                 c.events_stored += 1
                 self._store(state, ev, keyed.get(i), ops)
@@ -329,6 +352,7 @@ class Ingestor:
             else:
                 c.events_unknown += 1
 
+        ops += [SeqOp(*m[1:]) for m in reversed(pending)]  # batches with no events
         if (state.groups, state.hash_mode, state.hash_unit) != before:
             await self.index.save_worker(worker_id, state)
         return dict(state.groups), ops

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import zlib
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,7 @@ from router.logging_setup import event_extra
 from router.netutil import InvalidEndpoint, bind_endpoint, connect_endpoint
 from router.replay import ReplayFailed, ReplayFrame, request_replay
 from router.sequencing import SeqTracker, Verdict
-from schemas import DecodeError, DecodeStats, KVEventBatch, decode_batch
+from schemas import AllBlocksCleared, DecodeError, DecodeStats, KVEventBatch, decode_batch
 
 if TYPE_CHECKING:
     from router.ingest import Ingestor
@@ -106,6 +107,9 @@ class WorkerSubscription:
         self._repair_at: float | None = None
         self._repair_delay = _REPAIR_FIRST_S
         self.faulted = False  # an index write failed; repaired when _repair_at is due
+        # Rebuilt from a replay buffer that did not reach back to seq 0: the index lacks
+        # blocks cached before it, so estimates are lower bounds until the engine clears.
+        self.partial_history = False
         self._silent_logged = False
         self._tasks: list[asyncio.Task[None]] = []
         self._open_sockets(spec, ctx, settings)
@@ -241,7 +245,22 @@ class WorkerSubscription:
                 return
 
     # ------------------------------------------------------------------ main loop
+    async def _resume_from_index(self) -> None:
+        """Before anything else: a router restarted on a shared index (Redis) resumes
+        where the index says it was -- per rank the last applied seq and its payload's
+        fingerprint -- so the catch-up replay applies only what is new and notices a
+        publisher that restarted meanwhile. Entries without recorded seqs cannot be
+        matched with the stream: they are cleared and rebuilt."""
+        persisted = await self._writer.persisted_seqs()
+        if persisted:
+            for rank, (seq, fingerprint) in persisted.items():
+                self._seq.mark_applied(rank, seq, fingerprint)
+                self._writer.written[rank] = seq
+        elif await self._writer.holds_entries():
+            await self._clear("the index holds this worker's entries without their seqs")
+
     async def _run(self) -> None:
+        await self._resume_from_index()
         while True:
             if self._repair_at is not None and time.monotonic() >= self._repair_at:
                 await self._repair()
@@ -310,7 +329,7 @@ class WorkerSubscription:
         got = await self._fetch_replay(top, quiet=True)
         if got is None:
             return
-        same = bool(got) and got[0].seq == top and hash(got[0].payload) == fingerprint
+        same = bool(got) and got[0].seq == top and zlib.crc32(got[0].payload) == fingerprint
         if same:
             await self._apply_replayed(got)
             await self._flush()
@@ -329,7 +348,7 @@ class WorkerSubscription:
             extra=self._event(event, seq=top),
         )
         self._seq.forget_live()
-        await self._recover(start=0, clear_first=True)
+        await self._recover(start=0, clear_first=True, why=why)
 
     async def _on_live(self, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
@@ -379,6 +398,7 @@ class WorkerSubscription:
             )
             if self.spec.replay_endpoint is None:
                 await self._clear("gap and no replay endpoint")
+                self.partial_history = True
             else:
                 await self._recover(start=decision.start, clear_on_miss=True)
             await self._apply_if_new(seq, batch, frames[2])
@@ -398,6 +418,7 @@ class WorkerSubscription:
         clear_on_miss: bool = False,
         clear_first: bool = False,
         quiet: bool = False,
+        why: str = "publisher restarted",
     ) -> None:
         """Replay from ``start`` and apply what it returns exactly once.
 
@@ -407,11 +428,15 @@ class WorkerSubscription:
         self.syncing = not quiet  # a catch-up after connecting is not a resync
         try:
             if clear_first:
-                await self._clear("publisher restarted")
+                await self._clear(why)
             frames = await self._fetch_replay(start, quiet=quiet) or []
             if clear_on_miss and (not frames or frames[0].seq > start):
                 first = frames[0].seq if frames else None
                 await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
+                clear_first = True
+            if clear_first:
+                # Rebuilt from the buffer: complete only if it reaches back to seq 0.
+                self.partial_history = bool(frames) and frames[0].seq > 0
             await self._apply_replayed(frames)
             await self._flush()
         finally:
@@ -511,8 +536,11 @@ class WorkerSubscription:
     async def _apply(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
         """Count ``batch`` as applied (sequencing) and stage it for the index."""
         rank = batch.data_parallel_rank or 0
-        self._seq.mark_applied(rank, seq, hash(payload))
-        await self._writer.stage(rank, seq, batch)
+        if self.partial_history and any(isinstance(e, AllBlocksCleared) for e in batch.events):
+            self.partial_history = False  # the engine started over: nothing is missing
+        fingerprint = zlib.crc32(payload)
+        self._seq.mark_applied(rank, seq, fingerprint)
+        await self._writer.stage(rank, seq, batch, fingerprint)
 
     # ------------------------------------------------------------------ decode
     def _decode(

@@ -85,7 +85,21 @@ class ClearOp(NamedTuple):
     """AllBlocksCleared: every entry and map of the worker goes; metadata stays."""
 
 
-Op = StoreOp | RemoveOp | ClearOp
+class SeqOp(NamedTuple):
+    """The ops that follow (up to the next ``SeqOp``) are batch ``seq`` of DP rank
+    ``rank``. A backend applies them only if ``seq`` is newer than the last one it
+    recorded for the rank, and records it with them, atomically. Why: with copies counted,
+    applying a batch twice would double its stores -- a retry, a replay that overlaps, a
+    restarted router resuming from the index, or replicas sharing one index all apply a
+    batch exactly once this way. ``fingerprint`` (crc32 of the payload) lets a restarted
+    router tell the same publisher from a new process that reuses the seq."""
+
+    rank: int
+    seq: int
+    fingerprint: int = 0
+
+
+Op = StoreOp | RemoveOp | ClearOp | SeqOp
 
 
 @dataclass
@@ -101,12 +115,14 @@ class ApplyResult:
     stored_repeat: int = 0
     removed: int = 0
     removed_missing: int = 0
+    skipped_batches: int = 0  # SeqOp segments already applied (not applied again)
 
     def add(self, other: ApplyResult) -> None:
         self.stored += other.stored
         self.stored_repeat += other.stored_repeat
         self.removed += other.removed
         self.removed_missing += other.removed_missing
+        self.skipped_batches += other.skipped_batches
 
 
 class EngineSettings(msgspec.Struct, frozen=True, array_like=True):
@@ -223,7 +239,11 @@ class IndexBackend(ABC):
 
     @abstractmethod
     async def clear_worker(self, worker_id: str) -> None:
-        """Drop the worker's entries and maps; keep its metadata."""
+        """Drop the worker's entries, maps and applied seqs; keep its metadata."""
+
+    @abstractmethod
+    async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
+        """Per DP rank, the last applied (seq, fingerprint) ``SeqOp`` recorded."""
 
     @abstractmethod
     async def remove_worker(self, worker_id: str) -> None:

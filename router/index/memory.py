@@ -27,6 +27,7 @@ from router.index.base import (
     GroupMeta,
     IndexBackend,
     Op,
+    SeqOp,
     StoreOp,
     WorkerSnapshot,
     WorkerState,
@@ -41,7 +42,17 @@ _INT_BYTES = sys.getsizeof(2**63)
 
 
 class _Worker:
-    __slots__ = ("copies", "counts", "entries", "ghosts", "maps", "plan", "slot", "state")
+    __slots__ = (
+        "copies",
+        "counts",
+        "entries",
+        "ghosts",
+        "maps",
+        "plan",
+        "seqs",
+        "slot",
+        "state",
+    )
 
     def __init__(self, state: WorkerState, slot: int) -> None:
         self.slot = slot
@@ -54,6 +65,7 @@ class _Worker:
         # and an entry stays hittable until its last copy is removed. Only keys with
         # more than one copy are here, so the usual single copy costs nothing.
         self.copies: dict[tuple[int, int, BlockKey], int] = {}
+        self.seqs: dict[int, tuple[int, int]] = {}  # rank -> last applied (seq, print)
         self.set_state(state)
 
     def set_state(self, state: WorkerState) -> None:
@@ -149,7 +161,18 @@ class MemoryIndex(IndexBackend):
         shift = 8 * w.slot
         own = 0xFF << shift
         res = ApplyResult()
+        skip = False
         for op in ops:
+            if isinstance(op, SeqOp):
+                last = w.seqs.get(op.rank)
+                skip = last is not None and op.seq <= last[0]
+                if skip:
+                    res.skipped_batches += 1
+                else:
+                    w.seqs[op.rank] = (op.seq, op.fingerprint)
+                continue
+            if skip:
+                continue
             if isinstance(op, ClearOp):
                 self._clear(w)
                 continue
@@ -261,6 +284,11 @@ class MemoryIndex(IndexBackend):
         w = self._workers.get(worker_id)
         if w is not None:
             self._clear(w)
+            w.seqs.clear()
+
+    async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
+        w = self._workers.get(worker_id)
+        return dict(w.seqs) if w is not None else {}
 
     async def remove_worker(self, worker_id: str) -> None:
         w = self._workers.pop(worker_id, None)

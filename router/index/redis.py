@@ -38,6 +38,7 @@ from router.index.base import (
     IndexBackend,
     IndexUnavailable,
     Op,
+    SeqOp,
     StoreOp,
     WorkerSnapshot,
     WorkerState,
@@ -308,6 +309,9 @@ class RedisIndex(IndexBackend):
         prefix = worker_prefix(worker_id)
         args: list[Any] = [prefix, self._ghost_cap]
         for op in ops:
+            if isinstance(op, SeqOp):
+                args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
+                continue
             if isinstance(op, ClearOp):
                 args.append(b"3")
                 self._forget(worker_id)
@@ -338,6 +342,15 @@ class RedisIndex(IndexBackend):
         self._forget(worker_id)
         prefix = worker_prefix(worker_id)
         await self._eval("APPLY", [prefix + "keys"], [prefix, self._ghost_cap, b"3"])
+        await self._call(lambda: self._r.unlink(prefix + "s"))
+
+    async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
+        raw = await self._call(lambda: self._r.hgetall(worker_prefix(worker_id) + "s"))
+        out: dict[int, tuple[int, int]] = {}
+        for rank, value in raw.items():
+            seq, _, fp = value.partition(b":")
+            out[int(rank)] = (int(seq), int(fp or 0))
+        return out
 
     async def remove_worker(self, worker_id: str) -> None:
         await self.clear_worker(worker_id)

@@ -8,9 +8,10 @@ Layout of one worker ``P = kvroute:{w:<id>}:``:
 ``P..'meta'`` hash {state: msgpack metadata, plan: "g,bs,full;..."} ·
 ``P..'g:'..g`` hash key(8 bytes) -> media mask · ``P..'n:'..g`` hash bit -> block count ·
 ``P..'c:'..g`` hash key..bit -> copies beyond the first (vLLM keeps duplicates) ·
-``P..'e:'..bs`` hash engine hash -> key · ``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings
-of blocks gone from every tier (newer / older generation) · ``P..'keys'`` set of the data
-key names above
+``P..'e:'..bs`` hash engine hash -> key · ``P..'s'`` hash rank -> "seq:fingerprint" of the
+last applied batch (not in the key set: an in-stream clear keeps it) ·
+``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings of blocks gone from every tier (newer /
+older generation) · ``P..'keys'`` set of the data key names above
 (the reverse structure: clearing or deleting a worker unlinks exactly these).
 """
 
@@ -21,12 +22,13 @@ from __future__ import annotations
 #   "1 group bs bit n hw nsib sib..." (store), then hashes, then keys
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
 #   "3" (clear)
+#   "4 rank seq fingerprint" (a batch boundary: skip to the next one if seq is not new)
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
 # arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
 # HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
 # One header instead of a field per argument: the client encodes each argument in
 # Python, and ~9 per op was a measurable share of the router's ingest CPU.
-# Returns {stored, stored_repeat, removed, removed_missing}.
+# Returns {stored, stored_repeat, removed, removed_missing, skipped_batches}.
 APPLY = r"""
 local P = ARGV[1]
 local CAP = tonumber(ARGV[2])
@@ -39,12 +41,31 @@ local function split(blob, w, n)
 end
 local i = 3
 local nargs = #ARGV
+local S = P .. 's'
+local skip, skipped = false, 0
 while i <= nargs do
   local hdr = {}
   for x in string.gmatch(ARGV[i], '-?%d+') do hdr[#hdr + 1] = x end
   i = i + 1
   local op = hdr[1]
-  if op == '3' then
+  if op == '4' then
+    -- A batch boundary: apply what follows only if this seq is new for the rank.
+    local cur = redis.call('HGET', S, hdr[2])
+    local last = nil
+    if cur then last = tonumber(string.match(cur, '^(-?%d+)')) end
+    skip = last ~= nil and tonumber(hdr[3]) <= last
+    if skip then
+      skipped = skipped + 1
+    else
+      redis.call('HSET', S, hdr[2], hdr[3] .. ':' .. hdr[4])
+    end
+  elseif skip then
+    -- Consume the skipped op's arguments without running it.
+    if op == '1' or op == '2' then
+      local n, hw = tonumber(hdr[5]), tonumber(hdr[6])
+      i = i + (hw > 0 and 1 or n) + (op == '1' and 1 or 0)
+    end
+  elseif op == '3' then
     local names = redis.call('SMEMBERS', REV)
     for _, name in ipairs(names) do redis.call('UNLINK', name) end
     redis.call('DEL', REV)
@@ -217,7 +238,7 @@ while i <= nargs do
     end
   end
 end
-return {stored, repeat_, removed, missing}
+return {stored, repeat_, removed, missing, skipped}
 """
 
 # KEYS[1] = P..'meta'. ARGV[1] = P, then pairs (block size, concatenated 8-byte keys).

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from _kv_streams import EventSource, Harness, cleared, new_index, tokens
+from _kv_streams import EventSource, Harness, cleared, new_index, tokens, wire
 
 from router.index import make_index
 
@@ -376,3 +378,30 @@ async def test_engine_hashes_of_mixed_widths_in_one_op(harness: Harness) -> None
     await harness.feed(W, child)
     assert (await harness.one(toks, W)).hit_tokens == 64
     assert harness.ingestor.counters.unknown_parent == 0
+
+
+async def test_each_published_batch_is_applied_once(make_harness: Any, backend_kind: str) -> None:
+    """With copies counted, applying a batch twice would double its stores: the index
+    records each (rank, seq) with its ops and skips one it has applied. Two replicas on
+    one Redis ingesting the same stream count every copy once."""
+    replicas = [make_harness()] + ([make_harness()] if backend_kind == "redis" else [])
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    store = wire(src.store(toks, BS, 0, 4))
+    remove = wire(src.remove(toks, BS, [3]))
+    for h in replicas:  # both replicas (or a retry) apply seq 0 and seq 1
+        await h.ingestor.apply_batch(W, store, [(0, 0, 0, 11)])
+        await h.ingestor.apply_batch(W, remove, [(0, 0, 1, 12)])
+    first = replicas[0]
+    # One copy of block 3 was stored, one removed: the block is gone.
+    assert (await first.one(toks, W)).hit_tokens == 3 * BS
+    assert await first.index.load_seqs(W) == {0: (1, 12)}
+    skipped = sum(h.ingestor.counters.batches_skipped for h in replicas)
+    assert skipped == 2 * (len(replicas) - 1)
+    await first.ingestor.apply_batch(W, store, [(0, 0, 1, 12)])  # an old seq: skipped
+    assert (await first.one(toks, W)).hit_tokens == 3 * BS
+    # A resync starts over: seqs are forgotten with the entries.
+    await first.ingestor.clear_worker(W)
+    assert await first.index.load_seqs(W) == {}
+    await first.ingestor.apply_batch(W, store, [(0, 0, 0, 11)])
+    assert (await first.one(toks, W)).hit_tokens == 4 * BS
