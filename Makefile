@@ -41,3 +41,21 @@ serve: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+
+# ---- vLLM conformance (heavy: vLLM 0.33.0 --no-deps in its own venv; see docs/conformance.md)
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm==0.33.0
+
+$(VLLM_VENV)/.installed: conformance/requirements-vllm.txt constraints.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt -r conformance/requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps '$(VLLM_SPEC)'
+	touch $@
+
+conformance-env: $(VLLM_VENV)/.installed
+
+# Re-record tests/fixtures/vllm-conformance/*.msgpack from vLLM's own code.
+conformance-record: conformance-env
+	$(VLLM_VENV)/bin/python -m conformance.vllm_driver --out tests/fixtures/vllm-conformance
+
+.PHONY: conformance-env conformance-record conformance
