@@ -142,7 +142,7 @@ class RankEngine:
         self.partial_hash_hits = bool(coord.enable_partial_hash_hits)
 
     # ---------------------------------------------------------------- requests
-    def add(self, a: Action) -> None:
+    def add(self, a: Action, on_probe: ProbeHook) -> None:
         extra = {"kv_cache_report_mode": "full"} if a["report_full"] else None
         params = SamplingParams(
             max_tokens=a["max_tokens"],
@@ -163,6 +163,31 @@ class RankEngine:
         )
         self.outputs[req.request_id] = list(a["output_token_ids"])
         self.waiting.append(req)
+        on_probe(self.probe(req))
+
+    def probe(self, req: Request) -> dict[str, Any]:
+        """vLLM's answer for ``req`` as it arrives: every earlier step's events are
+        published and nothing changed since, so a router fed them can match it exactly.
+        (An admission-time lookup happens mid-step, after that step's own allocations
+        cached and evicted blocks whose events come at the step's end.) A "full"
+        report-mode request would re-announce its hit on this extra lookup, so the
+        mode is off for the probe: the lookup itself has no other side effect."""
+        mode = req.kv_cache_report_mode
+        req.kv_cache_report_mode = "incremental"
+        try:
+            _, hit, _ = self.manager.get_computed_blocks(req)
+        finally:
+            req.kv_cache_report_mode = mode
+        return {
+            "op": "probe",
+            "dp_rank": self.rank,
+            "request_id": req.request_id,
+            "token_ids": list(req.all_token_ids),
+            "lora_name": req.lora_request.lora_name if req.lora_request else None,
+            "cache_salt": req.cache_salt,
+            "skip_prefix_cache": bool(req.skip_reading_prefix_cache),
+            "expected_hit_tokens": hit,
+        }
 
     def abort(self, request_id: str) -> None:
         for req in list(self.waiting):
@@ -229,14 +254,10 @@ class RankEngine:
             req.shared_prefix_boundary = boundary
             on_probe(
                 {
-                    "op": "probe",
+                    "op": "admit",
                     "dp_rank": self.rank,
                     "request_id": req.request_id,
-                    "token_ids": list(req.all_token_ids),
-                    "lora_name": req.lora_request.lora_name if req.lora_request else None,
-                    "cache_salt": req.cache_salt,
-                    "skip_prefix_cache": bool(req.skip_reading_prefix_cache),
-                    "expected_hit_tokens": hit,
+                    "hit_tokens": hit,
                 }
             )
             n = min(req.num_tokens - hit, budget)
@@ -382,7 +403,7 @@ def run(
             if a["op"] == "add":
                 eng = engines[a["dp_rank"]]
                 by_id[a["request_id"]] = eng
-                eng.add(a)
+                eng.add(a, on_step)
             elif a["op"] == "abort":
                 by_id[a["request_id"]].abort(a["request_id"])
             elif a["op"] == "step":
@@ -430,7 +451,7 @@ def record(sc: Scenario) -> dict[str, Any]:
     expect_seq = [0] * sc.dp_ranks
 
     def on_step(item: dict[str, Any]) -> None:
-        steps.append(item if item["op"] == "probe" else {"op": "action", "action": item})
+        steps.append(item if item["op"] in ("probe", "admit") else {"op": "action", "action": item})
 
     def after_publish(rank: int) -> None:
         topic, seq_b, payload = sink.recv(rank)

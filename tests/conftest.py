@@ -1,4 +1,4 @@
-"""Shared router fixtures: a real ``redis-server`` on a free loopback port.
+"""Shared fixtures (router and conformance tests): a real ``redis-server`` on a free port.
 
 ``redis_server`` (session) is one server for the whole run; ``redis_url`` hands each test
 an empty database on it; ``redis_factory`` starts private servers a test may stop (outage
