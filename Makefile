@@ -58,4 +58,9 @@ conformance-env: $(VLLM_VENV)/.installed
 conformance-record: conformance-env
 	$(VLLM_VENV)/bin/python -m conformance.vllm_driver --out tests/fixtures/vllm-conformance
 
+# vLLM's manager + publisher live against `kvroute serve` (memory, then Redis): a table of
+# probes exact/total and events rejected per scenario.
+conformance: install system-deps conformance-env
+	$(BIN)/python -m conformance.live --venv $(VENV) --vllm-venv $(VLLM_VENV)
+
 .PHONY: conformance-env conformance-record conformance
