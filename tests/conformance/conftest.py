@@ -1,8 +1,16 @@
-"""Prints the per-scenario exact/total table of the vLLM replay tests after the run."""
+"""Conformance test set-up: the repo root on ``sys.path`` (``conformance/`` is plain scripts,
+not an installed package) and the per-scenario exact/total table after the run."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

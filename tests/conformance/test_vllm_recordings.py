@@ -14,20 +14,38 @@ from pathlib import Path
 import pytest
 from recordings import KvrouteUnderTest, Outcome, load, recording_paths, replay
 
+from conformance.scenarios import BY_NAME
+from conformance.workload import actions
 from router.index import make_index
 
 PATHS = recording_paths()
 OUTCOMES: list[tuple[str, Outcome]] = []  # read by conftest's terminal summary
 
 
-def test_recordings_present() -> None:
-    """The replay tests below must not silently vanish with the fixtures."""
-    assert len(PATHS) >= 10, [p.name for p in PATHS]
+def test_recordings_match_the_scenarios() -> None:
+    """Every scenario has its recording, made from today's workload and settings (a
+    changed workload without ``make conformance-record`` fails here, not in a parity
+    test), with contiguous frames per DP rank and probes."""
+    assert sorted(p.stem for p in PATHS) == sorted(BY_NAME)
     for path in PATHS:
         rec = load(path)
+        sc = BY_NAME[rec.name]
         assert rec.vllm_version == "0.33.0"
-        assert rec.probes, f"{rec.name}: no probes"
-        assert any(s["op"] == "frame" for s in rec.steps), f"{rec.name}: no frames"
+        assert [s["action"] for s in rec.steps if s["op"] == "action"] == actions(sc)
+        assert rec.worker["hash_block_size"] == sc.unit
+        assert rec.worker["eagle"] == sc.eagle
+        assert rec.worker["dp_ranks"] == sc.dp_ranks
+        assert rec.groups == [
+            {"kind": g.kind, "block_size": g.block_size, "sliding_window": g.sliding_window}
+            for g in sc.groups
+        ]
+        seqs: dict[int, list[int]] = {}
+        for s in rec.steps:
+            if s["op"] == "frame":
+                seqs.setdefault(s["dp_rank"], []).append(s["seq"])
+        assert {r: list(range(len(v))) for r, v in seqs.items()} == seqs
+        assert sorted(seqs) == list(range(sc.dp_ranks))
+        assert len(rec.probes) >= 150, f"{rec.name}: {len(rec.probes)} probes"
 
 
 @pytest.fixture(params=["memory", "redis"])
