@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -175,6 +176,11 @@ def check(kind: str, scenario: str, requests: int, venv: Path) -> dict[str, Any]
             res["under"] += got < want
         settle(router, "engine")
         res["rejects"] = {k: int(v) for k, v in router.rejects().items() if v}
+    except BaseException:
+        print(f"engine log kept: {tmp / 'engine.log'}", file=sys.stderr)
+        raise
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     finally:
         for proc in reversed(procs):
             stop(proc)
