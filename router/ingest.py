@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from offload_core.hit_rule import MAMBA_KINDS
+from offload_core.hit_rule import FULL_KINDS, MAMBA_KINDS
 from router.index.base import (
     MEDIUM_BITS,
     BlockKey,
@@ -82,6 +82,7 @@ class IngestCounters:
     hash_unit_changes: int = 0  # a smaller block size showed the learned unit was wrong
     worker_clears: int = 0  # clear_worker calls (resyncs)
     batches_skipped: int = 0  # batches the index had applied already (seq guard)
+    reannounced_blocks: int = 0  # kv_cache_report_mode "full" re-announcements (no copy)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -281,8 +282,9 @@ class Ingestor:
         state: WorkerState,
         batch: KVEventBatch,
         known: dict[EngineHash, BlockKey],
-    ) -> None:
-        """Look up, in every map of the worker, the engine hashes the batch needs."""
+    ) -> set[EngineHash]:
+        """Look up, in every map of the worker, the engine hashes the batch needs; return
+        ``_held_roots``."""
         wanted: set[EngineHash] = set()
         sizes = {m.block_size for m in state.groups.values()}
         for ev in batch.events:
@@ -308,6 +310,37 @@ class Ingestor:
             found = await self.index.resolve(worker_id, bs, todo)
             known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
             todo = [h for h, k in zip(todo, found, strict=True) if k is None]
+        if not state.settings.report_full:
+            return set()
+        return await self._held_roots(worker_id, state, batch)
+
+    async def _held_roots(
+        self, worker_id: str, state: WorkerState, batch: KVEventBatch
+    ) -> set[EngineHash]:
+        """Hashes of chain starts (parent None) in full-attention groups that the index
+        holds already, before this batch: the candidates for re-announcements."""
+        roots: dict[int, set[EngineHash]] = {}
+        for ev in batch.events:
+            if (
+                isinstance(ev, BlockStored)
+                and ev.parent_block_hash is None
+                and ev.token_ids
+                and self._kind(state, ev) in FULL_KINDS
+                and _size(ev.block_size)
+            ):
+                roots.setdefault(ev.block_size, set()).update(ev.block_hashes)
+        held: set[EngineHash] = set()
+        for bs, hashes in roots.items():
+            hs = list(hashes)
+            found = await self.index.resolve(worker_id, bs, hs, live_only=True)
+            held.update(h for h, k in zip(hs, found, strict=True) if k is not None)
+        return held
+
+    def _kind(self, state: WorkerState, ev: BlockStored) -> str:
+        if ev.kv_cache_spec_kind:
+            return ev.kv_cache_spec_kind
+        meta = state.groups.get(ev.group_idx if isinstance(ev.group_idx, int) else 0)
+        return meta.kind if meta is not None else self.default_kind
 
     async def _plan(
         self,
@@ -323,8 +356,11 @@ class Ingestor:
         before = (dict(state.groups), state.hash_mode, state.hash_unit)
         ops: list[Op] = []
         self._learn_unit(state, batch, ops, known)
-        await self._resolve(worker_id, state, batch, known)
-        keyed = KeyPlanner(state, batch, known, self.default_block_size).run()
+        held = await self._resolve(worker_id, state, batch, known)
+        planner = KeyPlanner(state, batch, known, self.default_block_size)
+        if state.settings.report_full:
+            planner.find_reannouncements(held, lambda ev: self._kind(state, ev) in FULL_KINDS)
+        keyed = planner.run()
 
         pending = list(reversed(marks))
         for i, ev in enumerate(batch.events):
@@ -376,6 +412,9 @@ class Ingestor:
             return
         if keyed.error:
             self._bad(keyed.error)
+            return
+        if keyed.reannounce:
+            c.reannounced_blocks += len(ev.block_hashes)
             return
         if keyed.sparse:
             c.sparse_stores += 1

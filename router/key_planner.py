@@ -10,6 +10,7 @@ the operations go out in event order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router.hash_modes import (
@@ -35,6 +36,7 @@ class Keyed:
     unresolved: int = 0
     unplaced: int = 0
     sparse: bool = False
+    reannounce: bool = False  # a hit prefix re-announced, not new copies
     error: str | None = None
     algo_checked: str | None = None  # "engine"/"canonical" once a chain start was checked
 
@@ -57,6 +59,7 @@ class KeyPlanner:
         self.check_algo = state.hash_mode == "unknown"
         self.events = batch.events
         self.known = known
+        self.reannounced: set[tuple[int, ...]] = set()
         # Salts of chain starts in this batch: a sparse store that skipped block 0 does
         # not carry the salt its chain is rooted at, a dense store of the same step does.
         self.salts: list[str | None] = []
@@ -67,6 +70,37 @@ class KeyPlanner:
                     salt = ev.cache_salt
                 if salt not in self.salts:
                     self.salts.append(salt)
+
+    def find_reannouncements(
+        self, held: set[EngineHash], is_full: Callable[[BlockStored], bool]
+    ) -> None:
+        """vLLM's ``kv_cache_report_mode: "full"`` re-sends a request's hit prefix, one
+        chain start (parent None) per group, when it looks the prefix up: blocks already
+        cached, not new copies (and, in sliding-window groups, hashes of blocks that are
+        not cached at all); the same step then caches the request's new blocks, chained
+        from the last re-announced one. So a full-attention chain start whose every block
+        the index held before this batch, and that a later store of the batch continues,
+        is taken for one -- and so is every group's chain start over the same tokens. A
+        prefix recomputed from 0 (hybrid groups that missed) has the same shape but is not
+        continued in its step: those are copies. (A re-announced request that computes no
+        new full block is not recognised: its blocks count one copy too many.)"""
+        events = self.events
+        continued = {
+            (ev.group_idx, ev.parent_block_hash)
+            for ev in events
+            if isinstance(ev, BlockStored) and ev.parent_block_hash is not None
+        }
+        for ev in events:
+            if (
+                isinstance(ev, BlockStored)
+                and ev.parent_block_hash is None
+                and ev.token_ids
+                and ev.block_hashes
+                and (ev.group_idx, ev.block_hashes[-1]) in continued
+                and is_full(ev)
+                and all(h in held for h in ev.block_hashes)
+            ):
+                self.reannounced.add(tuple(ev.token_ids))
 
     def run(self) -> dict[int, Keyed]:
         out: dict[int, Keyed] = {}
@@ -132,6 +166,12 @@ class KeyPlanner:
         if not ev.token_ids:
             # Token-less stores (vLLM's offload connector): the map names what they copy.
             return self._named_only(ev)
+        if (
+            self.reannounced
+            and ev.parent_block_hash is None
+            and tuple(ev.token_ids) in self.reannounced
+        ):
+            return Keyed(reannounce=True)
         bs, unit, tokens = self.block_size(ev), self.unit, ev.token_ids
         if bs is None or not unit:
             return Keyed(error=f"invalid block_size {ev.block_size!r}")

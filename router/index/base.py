@@ -137,6 +137,9 @@ class EngineSettings(msgspec.Struct, frozen=True, array_like=True):
     hash_block_size: int | None = None
     eagle: bool = False
     partial_hash_hits: bool = False
+    # Clients send ``kv_cache_report_mode: "full"``: hit prefixes are re-announced, and
+    # chain starts the index already holds are taken for re-announcements, not copies.
+    report_full: bool = False
 
 
 @dataclass
@@ -216,9 +219,15 @@ class IndexBackend(ABC):
 
     @abstractmethod
     async def resolve(
-        self, worker_id: str, block_size: int, hashes: Sequence[EngineHash]
+        self,
+        worker_id: str,
+        block_size: int,
+        hashes: Sequence[EngineHash],
+        *,
+        live_only: bool = False,
     ) -> list[BlockKey | None]:
-        """Map engine hashes to block keys (None where the map does not know the hash)."""
+        """Map engine hashes to block keys (None where the map does not know the hash).
+        ``live_only``: only blocks some group holds now (no mappings of removed blocks)."""
 
     @abstractmethod
     async def apply(

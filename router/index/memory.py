@@ -137,12 +137,17 @@ class MemoryIndex(IndexBackend):
         return sorted(self._workers)
 
     async def resolve(
-        self, worker_id: str, block_size: int, hashes: Sequence[EngineHash]
+        self,
+        worker_id: str,
+        block_size: int,
+        hashes: Sequence[EngineHash],
+        *,
+        live_only: bool = False,
     ) -> list[BlockKey | None]:
         w = self._workers.get(worker_id)
         emap = w.maps.get(block_size) if w is not None else None
         out = list(map(emap.get, hashes)) if emap else [None] * len(hashes)
-        ghosts = w.ghosts.get(block_size) if w is not None else None
+        ghosts = w.ghosts.get(block_size) if w is not None and not live_only else None
         if ghosts and None in out:
             new, old = ghosts
             out = [

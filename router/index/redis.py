@@ -253,8 +253,18 @@ class RedisIndex(IndexBackend):
         return sorted(m.decode() for m in members)
 
     async def resolve(
-        self, worker_id: str, block_size: int, hashes: Sequence[EngineHash]
+        self,
+        worker_id: str,
+        block_size: int,
+        hashes: Sequence[EngineHash],
+        *,
+        live_only: bool = False,
     ) -> list[BlockKey | None]:
+        if live_only:  # the server's map only: the local cache may hold removed blocks
+            name = f"{worker_prefix(worker_id)}e:{block_size}"
+            fields_ = [encode_hash(h) for h in hashes]
+            got = await self._call(lambda: self._r.hmget(name, fields_))
+            return [int.from_bytes(v, "big") if v else None for v in got]
         cache = self._cache.get((worker_id, block_size), {})
         out = [cache.get(h) for h in hashes]
         misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
