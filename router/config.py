@@ -133,6 +133,9 @@ class RouterSettings(BaseSettings):
     # After this long without frames, ask the replay socket for frames lost at the tail
     # of the stream (PUB/SUB has no heartbeat); 0 disables.
     tail_check_s: float = Field(default=5.0, ge=0)
+    # How often a shared index (Redis) is checked for lost content (restarted empty,
+    # flushed); 0 disables.
+    index_check_s: float = Field(default=2.0, ge=0)
     sub_hwm: int = Field(default=100_000, ge=0)
     ingest_retry_initial_s: float = Field(default=0.05, gt=0)
     ingest_retry_max_s: float = Field(default=2.0, gt=0)

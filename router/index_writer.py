@@ -66,6 +66,11 @@ class IndexRetry:
             try:
                 await fn(*args)
             except IndexUnavailable as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # redis-py may turn a cancellation mid-command into a connection
+                    # error: the task is stopping, not the index failing.
+                    raise asyncio.CancelledError from exc
                 if self.retrying_since is None:
                     self.retrying_since = time.monotonic()
                     log.warning(

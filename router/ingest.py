@@ -140,6 +140,10 @@ class Ingestor:
             state.hash_unit = unit
         await self.index.save_worker(worker_id, state)
 
+    def forget(self, worker_id: str) -> None:
+        """Drop the cached metadata (the index lost it); reloaded or rebuilt on use."""
+        self._states.pop(worker_id, None)
+
     async def remove_worker(self, worker_id: str) -> None:
         """Entries, maps and metadata gone (``DELETE /v1/workers/{id}``)."""
         self._states.pop(worker_id, None)

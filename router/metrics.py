@@ -141,7 +141,14 @@ class _ServiceCollector(Collector):
             "1 while a failed index write is being repaired (clear and replay)",
             labels=["worker"],
         )
+        partial = GaugeMetricFamily(
+            "kvroute_worker_partial_history",
+            "1 when the worker was rebuilt from a buffer that did not reach seq 0 "
+            "(estimates are lower bounds)",
+            labels=["worker"],
+        )
         for sub in subs:
+            partial.add_metric([sub.worker_id], 1.0 if sub.partial_history else 0.0)
             silent.add_metric([sub.worker_id], 1.0 if sub.silent else 0.0)
             faulted.add_metric([sub.worker_id], 1.0 if sub.faulted else 0.0)
             current = sub.state
@@ -154,6 +161,14 @@ class _ServiceCollector(Collector):
         yield lag
         yield last_seq
         yield silent
+        yield partial
+        watch = svc.index_watch
+        yield CounterMetricFamily(
+            "kvroute_index_losses",
+            "times the shared index was found without the registered workers (restarted "
+            "empty or flushed); every worker was then resynced",
+            value=watch.losses if watch is not None else 0,
+        )
         yield faulted
         yield GaugeMetricFamily("kvroute_workers", "registered workers", value=len(subs))
 

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from router.config import RouterSettings, WorkerSpec
 from router.index import IndexBackend, IndexUnavailable, make_index
+from router.index_watch import IndexWatch
 from router.ingest import Ingestor
 from router.logging_setup import event_extra
 from router.metrics import RouterMetrics
@@ -134,6 +135,7 @@ class RouterService:
         self._tasks: list[asyncio.Task[None]] = []
         self.listener: TopicListener | None = None
         self._locks: dict[str, asyncio.Lock] = {}
+        self.index_watch: IndexWatch | None = None
         self._running = False
         self._stopped = False
         for spec in s.workers:
@@ -146,7 +148,11 @@ class RouterService:
         self._running = True
         for spec in self.settings.workers:
             await self.ingestor.configure(spec.worker_id, spec.engine_settings())
+        await self._restore_registrations()
         self.subscriptions.start()
+        if self.index.kind != "memory" and self.settings.index_check_s > 0:
+            self.index_watch = IndexWatch(self, self.settings.index_check_s)
+            self._tasks.append(asyncio.create_task(self.index_watch.run(), name="kvroute-watch"))
         if self.settings.listen is not None:
             listener = TopicListener(
                 self.settings, self.subscriptions.context, self.subscriptions.get, self._adopt
@@ -174,6 +180,31 @@ class RouterService:
         with contextlib.suppress(Exception):
             await self.index.close()
         log.info("router stopped")
+
+    async def _restore_registrations(self) -> None:
+        """Workers registered over REST before a restart (kept in the index)."""
+        try:
+            kept = await self.index.load_registrations()
+        except IndexUnavailable:
+            log.warning("index unavailable at start-up: REST registrations not restored")
+            return
+        for worker_id, blob in sorted(kept.items()):
+            if worker_id in self.subscriptions:
+                continue
+            try:
+                await self.add_worker(WorkerSpec.model_validate_json(blob), persist=False)
+            except (WorkerExists, InvalidEndpoint, ValueError) as exc:
+                log.warning("kept registration of %s not restored: %s", worker_id, exc)
+
+    async def restore_worker(self, worker_id: str) -> None:
+        """Save a worker's registration and settings again (the index lost them)."""
+        sub = self.subscriptions.get(worker_id)
+        if sub is None:
+            return
+        self.ingestor.forget(worker_id)
+        await self.ingestor.configure(worker_id, sub.spec.engine_settings())
+        if not sub.spec.via_listener and sub.spec not in self.settings.workers:
+            await self.index.save_registration(worker_id, sub.spec.model_dump_json().encode())
 
     async def _adopt(self, spec: WorkerSpec) -> WorkerSubscription | None:
         """A worker named by a new topic on the shared listener."""
@@ -216,14 +247,19 @@ class RouterService:
             lock = self._locks[worker_id] = asyncio.Lock()
         return lock
 
-    async def add_worker(self, spec: WorkerSpec) -> WorkerStatus:
-        """Register and subscribe; raises ``WorkerExists`` or ``InvalidEndpoint``."""
+    async def add_worker(self, spec: WorkerSpec, *, persist: bool = True) -> WorkerStatus:
+        """Register and subscribe; raises ``WorkerExists`` or ``InvalidEndpoint``.
+
+        ``persist``: keep the registration in the index, so a restarted router (or a
+        replica sharing Redis) registers it again."""
         async with self._lifecycle(spec.worker_id):
             if spec.worker_id in self.subscriptions:
                 raise WorkerExists(spec.worker_id)
             # Settings first: the subscription's first batch needs the hash unit.
             await self.ingestor.configure(spec.worker_id, spec.engine_settings())
             self._register(spec)
+            if persist and not spec.via_listener:
+                await self.index.save_registration(spec.worker_id, spec.model_dump_json().encode())
         log.info(
             "worker %s registered (%s)",
             spec.worker_id,
@@ -239,6 +275,7 @@ class RouterService:
                 raise UnknownWorker(worker_id)
             await self.subscriptions.remove(worker_id)
             await self.ingestor.remove_worker(worker_id)
+            await self.index.delete_registration(worker_id)
         self._locks.pop(worker_id, None)
         log.info(
             "worker %s removed", worker_id, extra=event_extra("worker_removed", worker=worker_id)
@@ -280,6 +317,7 @@ class RouterService:
             resyncs=c.resyncs,
             silent=sub.silent,
             faulted=sub.faulted,
+            partial_history=sub.partial_history,
             decode_errors=c.decode_errors,
             replay_failures=c.replay_failures,
             duplicates=c.duplicates,

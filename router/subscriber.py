@@ -110,6 +110,8 @@ class WorkerSubscription:
         # Rebuilt from a replay buffer that did not reach back to seq 0: the index lacks
         # blocks cached before it, so estimates are lower bounds until the engine clears.
         self.partial_history = False
+        self._resync_why: str | None = None
+        self._stopping = False
         self._silent_logged = False
         self._tasks: list[asyncio.Task[None]] = []
         self._open_sockets(spec, ctx, settings)
@@ -206,6 +208,7 @@ class WorkerSubscription:
         ]
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -259,9 +262,21 @@ class WorkerSubscription:
         elif await self._writer.holds_entries():
             await self._clear("the index holds this worker's entries without their seqs")
 
+    def request_resync(self, why: str) -> None:
+        """Clear and rebuild from the publisher's buffer, in this subscription's task."""
+        self._resync_why = why
+
     async def _run(self) -> None:
         await self._resume_from_index()
-        while True:
+        while not self._stopping:
+            if self._resync_why is not None:
+                why, self._resync_why = self._resync_why, None
+                self._seq.forget_live()
+                if self.spec.replay_endpoint is not None:
+                    await self._recover(start=0, clear_first=True, why=why)
+                else:
+                    await self._clear(why)
+                    self.partial_history = True
             if self._repair_at is not None and time.monotonic() >= self._repair_at:
                 await self._repair()
             due = self._catch_up_at

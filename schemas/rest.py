@@ -71,6 +71,11 @@ class WorkerInfo(BaseModel):
     silent: bool = Field(
         default=False, description="no batch yet, silent_after_s after registration"
     )
+    partial_history: bool = Field(
+        default=False,
+        description="rebuilt from a replay buffer that did not reach seq 0: estimates "
+        "are lower bounds until the engine clears its cache",
+    )
     faulted: bool = Field(
         default=False,
         description="an index write failed; the worker is being rebuilt from its publisher",

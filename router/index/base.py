@@ -251,6 +251,18 @@ class IndexBackend(ABC):
         """Drop the worker's entries, maps and applied seqs; keep its metadata."""
 
     @abstractmethod
+    async def save_registration(self, worker_id: str, spec: bytes) -> None:
+        """Keep a REST registration (JSON) so a restarted router registers it again."""
+
+    @abstractmethod
+    async def delete_registration(self, worker_id: str) -> None:
+        """Forget a registration (``DELETE /v1/workers/{id}``)."""
+
+    @abstractmethod
+    async def load_registrations(self) -> dict[str, bytes]:
+        """Every kept registration, by worker id."""
+
+    @abstractmethod
     async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
         """Per DP rank, the last applied (seq, fingerprint) ``SeqOp`` recorded."""
 

@@ -85,6 +85,7 @@ class MemoryIndex(IndexBackend):
         self._workers: dict[str, _Worker] = {}
         self._tables: dict[int, dict[BlockKey, int]] = {}
         self._free: list[int] = []
+        self._registrations: dict[str, bytes] = {}  # lives as long as this process
         self._nslots = 0
 
     async def ping(self) -> bool:
@@ -290,6 +291,15 @@ class MemoryIndex(IndexBackend):
         if w is not None:
             self._clear(w)
             w.seqs.clear()
+
+    async def save_registration(self, worker_id: str, spec: bytes) -> None:
+        self._registrations[worker_id] = spec
+
+    async def delete_registration(self, worker_id: str) -> None:
+        self._registrations.pop(worker_id, None)
+
+    async def load_registrations(self) -> dict[str, bytes]:
+        return dict(self._registrations)
 
     async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
         w = self._workers.get(worker_id)

@@ -47,6 +47,8 @@ from router.index.memory import GHOST_ENTRIES
 
 NAMESPACE = "kvroute:"
 WORKERS_KEY = NAMESPACE + "workers"
+# Workers registered over REST (JSON specs): replicas and restarted routers share them.
+REGISTRATIONS_KEY = NAMESPACE + "registrations"
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 _OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack limit
@@ -353,6 +355,16 @@ class RedisIndex(IndexBackend):
         prefix = worker_prefix(worker_id)
         await self._eval("APPLY", [prefix + "keys"], [prefix, self._ghost_cap, b"3"])
         await self._call(lambda: self._r.unlink(prefix + "s"))
+
+    async def save_registration(self, worker_id: str, spec: bytes) -> None:
+        await self._call(lambda: self._r.hset(REGISTRATIONS_KEY, worker_id, spec))
+
+    async def delete_registration(self, worker_id: str) -> None:
+        await self._call(lambda: self._r.hdel(REGISTRATIONS_KEY, worker_id))
+
+    async def load_registrations(self) -> dict[str, bytes]:
+        raw = await self._call(lambda: self._r.hgetall(REGISTRATIONS_KEY))
+        return {k.decode(): bytes(v) for k, v in raw.items()}
 
     async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
         raw = await self._call(lambda: self._r.hgetall(worker_prefix(worker_id) + "s"))

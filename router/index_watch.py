@@ -1,0 +1,65 @@
+"""Noticing a shared index that lost its content, and repairing every worker.
+
+Why: a Redis restarted without persistence (or flushed) comes back empty; the router's
+connections recover, ``/readyz`` turns green again, and without this every estimate
+would silently drop to 0 -- or worse, later stores would chain onto nothing. Every
+registered worker keeps its metadata in the index from registration on, so a worker the
+index no longer knows means the content is gone: the router counts it, logs it, saves
+the registrations and settings again, and resyncs each worker from its publisher's
+replay buffer (estimates are lower bounds where the buffer does not reach back to seq 0,
+shown as ``partial_history``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from router.index.base import IndexUnavailable
+from router.logging_setup import event_extra
+
+if TYPE_CHECKING:
+    from router.service import RouterService
+
+log = logging.getLogger(__name__)
+
+
+class IndexWatch:
+    """Polls the index for the registered workers' metadata (one call per check)."""
+
+    def __init__(self, service: RouterService, every_s: float) -> None:
+        self.service = service
+        self.every_s = every_s
+        self.losses = 0  # times the index was found without our workers
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            try:
+                await self.check()
+            except IndexUnavailable:
+                continue  # an outage: the writers retry, /readyz says 503
+
+    async def check(self) -> bool:
+        """True when the index had lost content (and the repair was started)."""
+        svc = self.service
+        subs = svc.subscriptions.all()
+        if not subs:
+            return False
+        known = set(await svc.index.known_workers())
+        lost = [s for s in subs if s.worker_id not in known]
+        if not lost:
+            return False
+        self.losses += 1
+        log.warning(
+            "the index lost its content (%d of %d workers unknown to it: restarted empty or "
+            "flushed?); re-registering and resyncing from the publishers",
+            len(lost),
+            len(subs),
+            extra=event_extra("index_lost", workers=len(lost)),
+        )
+        for sub in subs:
+            await svc.restore_worker(sub.worker_id)
+            sub.request_resync("the index lost its content")
+        return True

@@ -1,0 +1,93 @@
+"""A shared index that loses its content, and a router that restarts on one.
+
+Real redis-server, real ZMQ: the Redis database is flushed under a running router (what a
+restart without persistence leaves), and a second router starts on the same Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+from _helpers import FakeEngine, batch, stored, wait_until
+
+from router.config import RouterSettings, WorkerSpec
+from router.service import RouterService
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[FakeEngine]:
+    eng = FakeEngine()
+    yield eng
+    await eng.close()
+
+
+def chain(i: int) -> tuple[list[int], list[int]]:
+    return [i * 10 + 1, i * 10 + 2], [i * 1000 + k for k in range(8)]
+
+
+async def hits(svc: RouterService, i: int) -> int:
+    return (await svc.score([*chain(i)[1], 7], ["w0"])).workers[0].hit_tokens
+
+
+def settings(url: str) -> RouterSettings:
+    return RouterSettings(index="redis", redis_url=url, replay_timeout_s=2, index_check_s=0.2)
+
+
+async def test_lost_index_is_noticed_and_rebuilt(redis_url: str, engine: FakeEngine) -> None:
+    svc = RouterService(settings(redis_url))
+    await svc.start()
+    try:
+        await svc.add_worker(WorkerSpec(**engine.spec("w0")))
+        await engine.wait_subscribed()
+        for i in range(2):
+            await engine.publish(batch(stored(*chain(i))))
+
+        async def both() -> bool:
+            return [await hits(svc, i) for i in range(2)] == [8, 8]
+
+        await wait_until(both, what="both chains indexed")
+        redis.Redis.from_url(redis_url).flushall()  # the content is gone
+        await wait_until(both, what="both chains rebuilt from the publisher's buffer")
+        assert svc.index_watch is not None and svc.index_watch.losses == 1
+        info = await svc.worker_info("w0")
+        assert info.resyncs >= 1 and info.partial_history is False
+    finally:
+        await svc.stop()
+
+
+async def test_rest_registrations_survive_a_router_restart(
+    redis_url: str, engine: FakeEngine
+) -> None:
+    first = RouterService(settings(redis_url))
+    await first.start()
+    try:
+        await first.add_worker(WorkerSpec(**engine.spec("w0", hash_block_size=4)))
+        await engine.wait_subscribed()
+        await engine.publish(batch(stored(*chain(0))))
+        await wait_until(lambda: first.subscriptions.get("w0").last_seq.get(0) == 0)  # type: ignore[union-attr]
+    finally:
+        await first.stop()
+    second = RouterService(settings(redis_url))  # no --worker: only what Redis kept
+    await second.start()
+    try:
+        assert second.worker_ids() == ["w0"]
+        assert second.worker_spec("w0").hash_block_size == 4
+        await engine.publish(batch(stored(*chain(1))))
+
+        async def resumed() -> bool:
+            return [await hits(second, i) for i in range(2)] == [8, 8]
+
+        await wait_until(resumed, what="the restarted router resumes from the index")
+        sub = second.subscriptions.get("w0")
+        assert sub is not None and sub.counters.resyncs == 0  # resumed, not rebuilt
+        await second.remove_worker("w0")
+    finally:
+        await second.stop()
+    third = RouterService(settings(redis_url))
+    await third.start()
+    try:
+        assert third.worker_ids() == []  # a deleted registration stays deleted
+    finally:
+        await third.stop()
