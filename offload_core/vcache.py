@@ -43,6 +43,8 @@ class VRequest:
     session_id: str | None = None
     num_computed_tokens: int = 0
     shared_prefix_boundary: int = 0
+    skip_prefix_cache: bool = False  # vLLM's skip_reading_prefix_cache
+    report_full: bool = False  # vLLM's kv_cache_report_mode="full": re-announce hits
     block_hashes: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -226,9 +228,15 @@ class VKVCacheManager:
         self, req: VRequest, max_hit: int | None = None
     ) -> tuple[list[list[VBlock]], int, int]:
         """What vLLM reuses for ``req``: (blocks, hit tokens, shared-prefix boundary)."""
+        if req.skip_prefix_cache:
+            return [[] for _ in self.groups], 0, 0
         if max_hit is None:
             max_hit = req.num_tokens - 1
         blocks, hit, uncached = self.find_longest_cache_hit(req.block_hashes, max_hit)
+        if hit > 0 and req.report_full:
+            for g, got in enumerate(blocks):
+                if got:
+                    self.pool.emit_cached(req, len(got), self.groups[g].block_size, g)
         return blocks, hit, (hit + uncached if uncached else 0)
 
     # ------------------------------------------------------------ allocation
