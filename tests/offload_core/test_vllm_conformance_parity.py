@@ -15,7 +15,7 @@ import pytest
 from schemas import KVEvent, decode_batch
 
 sys.path.insert(0, str(Path(__file__).parent / "parity"))
-from rank_sim import RankSim, groups_of  # noqa: E402
+from rank_sim import RankSim, groups_of
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-conformance"
 RECORDINGS = sorted(p.stem for p in FIXTURES.glob("*.msgpack"))
