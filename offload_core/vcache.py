@@ -21,7 +21,8 @@ from typing import Any
 
 from offload_core.hashing import block_extra_keys, hash_function, none_hash
 from offload_core.hit_rule import KIND_SLIDING, GroupSpec
-from offload_core.vmanagers import GroupManager, MambaManager, cdiv, manager_for
+from offload_core.vmamba import MambaManager
+from offload_core.vmanagers import GroupManager, SlidingWindowManager, cdiv
 from offload_core.vpool import VBlock, VBlockPool
 from schemas import BlockStored, KVEvent
 
@@ -98,6 +99,15 @@ def replay_boundaries(num_prompt: int, step: int, eagle: bool) -> tuple[int, ...
 def partial_hash_hits(groups: Sequence[GroupSpec], hash_block_size: int) -> bool:
     """vLLM enables sub-block hits iff some mamba group's block exceeds the hash unit."""
     return any(g.rule == "mamba" and g.block_size > hash_block_size for g in groups)
+
+
+def manager_for(spec: GroupSpec, pool: VBlockPool, group_id: int, step: int) -> GroupManager:
+    """The manager class vLLM picks for a group's attention type."""
+    classes: dict[str, type[GroupManager]] = {
+        "sliding": SlidingWindowManager,
+        "mamba": MambaManager,
+    }
+    return classes.get(spec.rule, GroupManager)(spec, pool, group_id, step)
 
 
 @dataclass(slots=True)

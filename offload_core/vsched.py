@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from offload_core.kv_cache import RequestTooLargeError
 from offload_core.vcache import VKVCacheManager, VRequest
-from offload_core.vmanagers import MambaManager, mamba_checkpoint_position
+from offload_core.vmamba import MambaManager
+from offload_core.vmanagers import mamba_checkpoint_position
 
 
 @dataclass(slots=True)

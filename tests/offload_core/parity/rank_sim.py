@@ -12,7 +12,7 @@ from typing import Any
 
 from offload_core.hit_rule import GroupSpec
 from offload_core.vcache import VKVCacheManager, VRequest
-from offload_core.vmanagers import MambaManager
+from offload_core.vmamba import MambaManager
 from offload_core.vsched import mamba_chunk
 from schemas import KVEvent
 
