@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps test lint demo serve bench clean
+.PHONY: install system-deps test lint demo serve bench clean conformance-sglang
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,47 @@ demo: install
 
 serve: install
 	$(BIN)/kvroute serve
+
+# SGLang conformance (heavy; not part of `make test`, which replays its recordings):
+# SGLang's own RadixCache + ZmqEventPublisher against `kvroute serve` (memory and Redis),
+# re-recording tests/fixtures/sglang-0.5/. Needs g++ and OpenSSL headers for SGLang's
+# hash extension. See docs/sglang.md.
+SGLANG_VERSION ?= 0.5.23
+SGLANG_WIRE_VERSIONS ?= 0.5.2 0.5.17 0.5.19 0.5.20
+SGL_VENV := .venv-sglang
+SGL_BUILD := build/sglang
+SGL_PORT ?= 18431
+SGL_REDIS_PORT ?= 18432
+
+$(SGL_VENV)/.installed: conformance/sglang/requirements.txt constraints.txt
+	@command -v g++ >/dev/null && [ -e /usr/include/openssl/sha.h ] || { \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq g++ libssl-dev; }
+	[ -x $(SGL_VENV)/bin/python ] || $(PYTHON) -m venv $(SGL_VENV)
+	$(SGL_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 -r conformance/sglang/requirements.txt
+	mkdir -p $(SGL_BUILD)
+	for v in $(SGLANG_VERSION) $(SGLANG_WIRE_VERSIONS); do \
+	  mkdir -p $(SGL_BUILD)/$$v && $(SGL_VENV)/bin/python -m pip download -q --no-deps sglang==$$v -d $(SGL_BUILD)/$$v && \
+	  $(SGL_VENV)/bin/python -m zipfile -e $(SGL_BUILD)/$$v/sglang-*.whl $(SGL_BUILD)/$$v/src || exit 1; \
+	done
+	$(SGL_VENV)/bin/python -m pip install -q --no-deps $(SGL_BUILD)/$(SGLANG_VERSION)/sglang-*.whl
+	touch $@
+
+conformance-sglang: install system-deps $(SGL_VENV)/.installed
+	$(SGL_VENV)/bin/python conformance/sglang/sglang_wire_golden.py tests/fixtures/sglang-0.5/wire \
+	  $(foreach v,$(SGLANG_WIRE_VERSIONS) $(SGLANG_VERSION),$(v)=$(SGL_BUILD)/$(v)/src/sglang/srt/disaggregation/kv_events.py)
+	@set -e; redis-server --port $(SGL_REDIS_PORT) --bind 127.0.0.1 --save '' --appendonly no >/dev/null & rpid=$$!; \
+	trap 'kill $$rpid $$spid 2>/dev/null' EXIT; \
+	for index in memory redis; do \
+	  $(BIN)/kvroute serve --port $(SGL_PORT) --index $$index --redis-url redis://127.0.0.1:$(SGL_REDIS_PORT)/0 \
+	    --log-level warning & spid=$$!; \
+	  for i in $$(seq 100); do curl -sf http://127.0.0.1:$(SGL_PORT)/healthz >/dev/null && break; sleep 0.1; done; \
+	  echo "== kvroute serve --index $$index"; \
+	  $(SGL_VENV)/bin/python -W ignore conformance/sglang/sglang_record.py --out tests/fixtures/sglang-0.5 \
+	    --kvroute http://127.0.0.1:$(SGL_PORT); \
+	  kill $$spid; wait $$spid 2>/dev/null || true; \
+	done; \
+	$(BIN)/python conformance/sglang_replay_report.py --redis-url redis://127.0.0.1:$(SGL_REDIS_PORT)/1
+	$(BIN)/python -m pytest -q tests/conformance/test_sglang_recordings.py tests/schemas/test_sglang_wire.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -405,6 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=int, default=8, help="simulated head dimension")
     p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
     p.add_argument("--log-level", default="info", help="logging level")
+    # The OpenAI API (offload_core/engine_app.py): text prompts and chat need a tokenizer.
+    p.add_argument("--tokenizer", default=None, help="dir with tokenizer.json (text, chat)")
+    p.add_argument(
+        "--served-model-name", default=None, help="its model (default kvroute-sim, any name ok)"
+    )
+    p.add_argument("--token-delay-ms", type=float, default=0.0, help="simulated decode step")
     return p
 
 
@@ -442,4 +448,14 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"kvroute engine: {exc}", file=sys.stderr)
         return 2
-    return run_server(config, args.host, args.port, args.publish, args.replay or None, topic)
+    return run_server(
+        config,
+        args.host,
+        args.port,
+        args.publish,
+        args.replay or None,
+        topic,
+        tokenizer=args.tokenizer,
+        model=args.served_model_name,
+        token_delay_s=args.token_delay_ms / 1000,
+    )

@@ -1,4 +1,8 @@
-"""HTTP face of the simulated engine: a vLLM-like ``/v1/completions`` over ``SimEngine``.
+"""HTTP face of the simulated engine: vLLM's OpenAI API over ``SimEngine``.
+
+``/v1/completions`` and ``/v1/chat/completions`` (streaming, ``n``, usage with
+``prompt_tokens_details.cached_tokens``), ``/v1/models``, ``/tokenize``, ``/detokenize``;
+text and chat need ``--tokenizer`` (the same tokenizer code the router's proxy uses).
 
 Requests run one at a time (an asyncio lock) in a worker thread, so the event order is
 exact and the event loop stays free for ``/health`` while torch copies run.
@@ -8,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,40 +19,52 @@ from typing import Any
 import zmq
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from offload_core.engine import EngineConfig, SimEngine
+from offload_core.engine_openai import (
+    Builder,
+    ChatRequest,
+    CompletionRequest,
+    check_ids,
+    output_ids,
+    prompts_of,
+    usage_of,
+)
 from offload_core.groups import format_groups
 from offload_core.kv_cache import RequestTooLargeError
 from publisher import EventPublisher, KVEventsConfig, make_publisher
 
 log = logging.getLogger("kvroute.engine")
 
-MAX_TOKEN_ID = 2**31 - 1
-
-
-class CompletionRequest(BaseModel):
-    """The subset of vLLM's completion request the simulation uses; other fields are
-    accepted and ignored, as a client may send them."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prompt: list[StrictInt] = Field(min_length=1, description="prompt token ids")
-    model: str | None = None
-    max_tokens: int = Field(default=1, ge=0, le=1_000_000)
-    lora_name: str | None = Field(default=None, max_length=256)
-    cache_salt: str | None = Field(default=None, max_length=1024)
+DEFAULT_MODEL = "kvroute-sim"
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
-def create_app(engine: SimEngine) -> FastAPI:
+class _Reject(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def create_app(
+    engine: SimEngine,
+    *,
+    tokenizer: Any = None,
+    model: str = DEFAULT_MODEL,
+    strict_model: bool = False,
+    token_delay_s: float = 0.0,
+) -> FastAPI:
+    """``tokenizer``: a ``router.proxy.tokenization.ModelTokenizer`` for text prompts and
+    chat; ``token_delay_s``: the simulated time per generated token (streams pace by it)."""
     lock = asyncio.Lock()
     wid = engine.config.worker_id
+    http_stats = {"streams": 0, "streams_completed": 0, "streams_cancelled": 0}
+    vocab = tokenizer.tokenizer.get_vocab_size() if tokenizer is not None else 32_000
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,6 +84,10 @@ def create_app(engine: SimEngine) -> FastAPI:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, "http_error", str(exc.detail))
 
+    @app.exception_handler(_Reject)
+    async def _reject(_: Request, exc: _Reject) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.message)
+
     @app.get("/health")
     @app.get("/healthz")
     async def health() -> dict[str, str]:
@@ -78,42 +96,116 @@ def create_app(engine: SimEngine) -> FastAPI:
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         async with lock:  # the engine's dicts change while a request runs in its thread
-            return engine.stats_dict()
+            return {**engine.stats_dict(), **http_stats}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> JSONResponse:
-        if any(t < 0 or t > MAX_TOKEN_ID for t in body.prompt):
-            return _error(422, "invalid_request", "prompt: token ids must be in [0, 2**31)")
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": model, "object": "model", "created": 0, "owned_by": "kvroute", "root": model}
+        return {"object": "list", "data": [card]}
+
+    def need_tokenizer(what: str) -> Any:
+        if tokenizer is None:
+            raise _Reject(422, "invalid_request", f"{what} needs a tokenizer (--tokenizer PATH)")
+        return tokenizer
+
+    def check_model(name: str | None) -> None:
+        if strict_model and name is not None and name != model:
+            raise _Reject(404, "model_not_found", f"the model {name!r} does not exist")
+
+    def to_ids(prompt: list[int] | str, add_special_tokens: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return need_tokenizer("a text prompt").encode(prompt, add_special_tokens)  # type: ignore[no-any-return]
+        try:
+            check_ids(prompt)
+        except ValueError as exc:
+            raise _Reject(422, "invalid_request", str(exc)) from None
+        return prompt
+
+    async def prefill(ids: list[int], body: Any) -> Any:
         async with lock:
             try:
-                res = await asyncio.to_thread(
-                    engine.serve, body.prompt, body.cache_salt, body.lora_name
-                )
+                return await asyncio.to_thread(engine.serve, ids, body.cache_salt, body.lora_name)
             except RequestTooLargeError as exc:
-                return _error(400, "prompt_too_long", str(exc))
-        completion = body.max_tokens
-        return JSONResponse(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": body.model or wid,
-                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}],
-                "usage": {
-                    "prompt_tokens": res.prompt_tokens,
-                    "completion_tokens": completion,
-                    "total_tokens": res.prompt_tokens + completion,
-                    "prompt_tokens_details": {"cached_tokens": res.cached_tokens},
-                },
-                "kv": {
-                    "worker_id": wid,
-                    "gpu_cached_tokens": res.gpu_cached_tokens,
-                    "loaded_blocks": res.loaded_blocks,
-                    "offloaded_blocks": res.offloaded_blocks,
-                    "computed_blocks": res.computed_blocks,
-                },
+                raise _Reject(400, "prompt_too_long", str(exc)) from None
+
+    def texts_of(ids: list[int], count: int, n: int) -> list[list[str]]:
+        out = []
+        for c in range(n):
+            gen = output_ids([*ids, c], count, vocab)
+            out.append([tokenizer.decode([t]) + " " if tokenizer else "" for t in gen])
+        return out
+
+    async def run(chat: bool, body: Any, prompts: list[list[int]], count: int) -> Any:
+        results = [await prefill(ids, body) for ids in prompts]
+        pieces = [p for ids in prompts for p in texts_of(ids, count, body.n)]
+        prompt_tokens = sum(r.prompt_tokens for r in results)
+        cached = sum(r.cached_tokens for r in results)
+        usage = usage_of(prompt_tokens, count * len(pieces), cached)
+        build = Builder(chat, body.model or model)
+        if not body.stream:
+            kv = {
+                "worker_id": wid,
+                "gpu_cached_tokens": sum(r.gpu_cached_tokens for r in results),
+                "loaded_blocks": sum(r.loaded_blocks for r in results),
+                "offloaded_blocks": sum(r.offloaded_blocks for r in results),
+                "computed_blocks": sum(r.computed_blocks for r in results),
             }
-        )
+            return JSONResponse(build.response(["".join(p) for p in pieces], usage, kv))
+
+        async def frames() -> AsyncIterator[bytes]:
+            http_stats["streams"] += 1
+            completed = False
+            try:
+                for frame in build.stream_chunks(pieces, usage if body.include_usage else None):
+                    if frame is None:
+                        if token_delay_s > 0:
+                            await asyncio.sleep(token_delay_s)
+                        continue
+                    yield frame
+                completed = True
+            finally:
+                http_stats["streams_completed" if completed else "streams_cancelled"] += 1
+
+        return StreamingResponse(frames(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Any:
+        check_model(body.model)
+        prompts = [to_ids(p, body.add_special_tokens) for p in prompts_of(body)]
+        return await run(False, body, prompts, body.max_tokens)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest) -> Any:
+        check_model(body.model)
+        tok = need_tokenizer("chat")
+        try:
+            ids = tok.encode_chat(body.model_dump())
+        except ValueError as exc:  # TokenizationError: bad messages or template failure
+            raise _Reject(400, "invalid_request", str(exc)) from None
+        return await run(True, body, [ids], body.output_tokens)
+
+    @app.post("/tokenize")
+    async def tokenize(body: dict[str, Any]) -> dict[str, Any]:
+        check_model(body.get("model"))
+        tok = need_tokenizer("tokenize")
+        try:
+            if "messages" in body:
+                ids = tok.encode_chat(body)
+            elif isinstance(body.get("prompt"), str):
+                ids = tok.encode(body["prompt"], bool(body.get("add_special_tokens", True)))
+            else:
+                raise _Reject(422, "invalid_request", "send 'prompt' (text) or 'messages'")
+        except ValueError as exc:
+            raise _Reject(400, "invalid_request", str(exc)) from None
+        return {"count": len(ids), "max_model_len": 1 << 20, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(body: dict[str, Any]) -> dict[str, Any]:
+        check_model(body.get("model"))
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise _Reject(422, "invalid_request", "'tokens' must be a list of token ids")
+        return {"prompt": need_tokenizer("detokenize").decode(tokens)}
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> JSONResponse:
@@ -144,9 +236,23 @@ def run_server(
     publish: str | None,
     replay: str | None,
     topic: str,
+    *,
+    tokenizer: str | None = None,
+    model: str | None = None,
+    token_delay_s: float = 0.0,
 ) -> int:
     """Run ``kvroute engine`` until interrupted."""
     import uvicorn
+
+    tok = None
+    if tokenizer:
+        from router.proxy.tokenization import ModelTokenizer
+
+        try:
+            tok = ModelTokenizer(tokenizer)
+        except Exception as exc:  # missing file, bad JSON: a clear start-up error
+            log.error("worker %s: cannot load tokenizer %s: %s", config.worker_id, tokenizer, exc)
+            return 2
 
     try:
         publisher = engine_publisher(publish, replay, topic)
@@ -171,7 +277,14 @@ def run_server(
         port,
     )
     try:
-        uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
+        app = create_app(
+            engine,
+            tokenizer=tok,
+            model=model or DEFAULT_MODEL,
+            strict_model=model is not None,  # like vLLM: 404 for another model's name
+            token_delay_s=token_delay_s,
+        )
+        uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         engine.shutdown()
         log.info("worker %s: stopped", config.worker_id)

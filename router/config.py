@@ -22,6 +22,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from router.index.base import EngineSettings
 from schemas.rest import WORKER_ID_PATTERN
 
 ENV_PREFIX = "KVROUTE_"
@@ -39,6 +40,18 @@ class WorkerSpec(BaseModel):
     topic: str = ""
     model: str | None = None
     http_endpoint: str | None = None
+    # The engine's cache settings its events do not carry (see docs/vllm.md).
+    hash_block_size: int | None = Field(default=None, ge=1)
+    # Bind the SUB at ``endpoint`` and let the engine connect: vLLM connects its PUB for
+    # ``tcp://host:port`` and binds only for ``*``/``::``/ipc/inproc.
+    bind: bool = False
+    # Created from a topic by the shared listener (``--listen``): fed by its socket.
+    via_listener: bool = False
+    eagle: bool = False
+    partial_hash_hits: bool = False
+
+    def engine_settings(self) -> EngineSettings:
+        return EngineSettings(self.hash_block_size, self.eagle, self.partial_hash_hits)
 
 
 _SPEC_KEYS = {
@@ -48,11 +61,16 @@ _SPEC_KEYS = {
     "model": "model",
     "http": "http_endpoint",
     "http_endpoint": "http_endpoint",
+    "hash_block_size": "hash_block_size",
+    "bind": "bind",
+    "eagle": "eagle",
+    "partial_hash_hits": "partial_hash_hits",
 }
 
 
 def parse_worker_spec(text: str) -> WorkerSpec:
-    """``ID=ENDPOINT[,replay=EP][,topic=T][,http=URL][,model=M]`` -> ``WorkerSpec``."""
+    """``ID=ENDPOINT[,replay=EP][,topic=T][,http=URL][,model=M][,bind=true]
+    [,hash_block_size=N][,eagle=true][,partial_hash_hits=true]`` -> ``WorkerSpec``."""
     head, *opts = text.strip().split(",")
     worker_id, sep, endpoint = head.partition("=")
     if not sep or not worker_id or not endpoint:
@@ -106,6 +124,15 @@ class RouterSettings(BaseSettings):
     replay_timeout_s: float = Field(default=2.0, gt=0)
     # Replay each publisher's buffer whenever its SUB connection is (re)established.
     replay_on_connect: bool = True
+    # One bound SUB every engine connects to (llm-d's deployment); workers are created
+    # from topics ``kv@<worker>[@<model>]`` (router.topic_listener).
+    listen: str | None = None
+    # A worker that has sent no batch this long after registration is flagged ``silent``
+    # (status, metric, one warning): a wrong endpoint, topic or bind/connect mismatch.
+    silent_after_s: float = Field(default=30.0, gt=0)
+    # After this long without frames, ask the replay socket for frames lost at the tail
+    # of the stream (PUB/SUB has no heartbeat); 0 disables.
+    tail_check_s: float = Field(default=5.0, ge=0)
     sub_hwm: int = Field(default=100_000, ge=0)
     ingest_retry_initial_s: float = Field(default=0.05, gt=0)
     ingest_retry_max_s: float = Field(default=2.0, gt=0)
@@ -125,6 +152,19 @@ class RouterSettings(BaseSettings):
     route_predict_ttl_s: float = Field(default=3.0, ge=0)
     route_prefix_block_tokens: int = Field(default=64, ge=1)
     route_seed: int | None = None
+    # OpenAI-compatible proxy (router/proxy; docs/proxy.md)
+    tokenizers: dict[str, str] = Field(
+        default_factory=dict,
+        description="model -> tokenizer dir / file / HF id in the local cache; '*' = any model",
+    )
+    proxy_retries: int = Field(default=2, ge=0, le=16)
+    proxy_connect_timeout_s: float = Field(default=2.0, gt=0)
+    proxy_timeout_s: float = Field(default=600.0, gt=0)
+    proxy_max_connections: int = Field(default=1024, ge=1)
+    proxy_require_events: bool = True
+    health_interval_s: float = Field(default=2.0, gt=0)
+    health_timeout_s: float = Field(default=1.0, gt=0)
+    health_failures: int = Field(default=2, ge=1)
 
     @field_validator("workers", mode="before")
     @classmethod

@@ -1,17 +1,19 @@
 """``kvroute demo``: real engines, the real router, a workload, one table per policy.
 
 Starts N ``kvroute engine`` processes (hybrid full + sliding-window model, CPU offloading
-on) and the router in this process (in-memory index, uvicorn on a free port), then for
-each policy: resets the engines' caches, replays the workload through ``/v1/route`` ->
-the chosen engine's ``/v1/completions`` -> ``/v1/requests/{id}/finish``, and measures on
-the engines' own answers: prefix hit rate, prefill tokens saved, load imbalance, and
-how often the router's ``hit_tokens`` equalled the engine's ``cached_tokens``.
+on, the shipped ``kvroute-tiny`` tokenizer) and the router in this process (in-memory
+index, uvicorn on a free port), then for each policy: resets the engines' caches and
+replays the workload as text prompts through the router's OpenAI proxy with the official
+``openai`` client (``x-kvroute-policy`` picks the policy), and measures on the engines'
+own answers: prefix hit rate (``usage.prompt_tokens_details.cached_tokens``), prefill
+tokens saved, load imbalance, and how often the router's estimate (``x-kvroute-hit-tokens``)
+equalled the engine's ``cached_tokens``.
 
 Lossless by construction: after each completion the demo waits until the router has
 applied the engine's latest event batch (its ``last_seq``), so every estimate is made on
-the engine's exact state. Load is simulated in virtual time (the trace's arrival times
-and a prefill/decode cost model decide when ``finish`` is sent), so a run takes seconds,
-not the workload's duration.
+the engine's exact state. The router's routing clock is the trace's virtual time (prefill backlog
+drains at the simulated rate), so a run takes seconds, not the workload's duration; the
+proxy releases each request when its response ends.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from router.routing_state import RoutingConfig
 from router.workloads import MooncakeTrace, Request, SyntheticConfig, synthetic_workload
 
 DEFAULT_POLICIES = ("kv_aware", "round_robin", "least_loaded", "longest_prefix")
+TOKENIZER = Path(__file__).resolve().parent / "proxy" / "data" / "tiny"
+MODEL = "kvroute-sim"
 SYNC_TIMEOUT_S = 10.0
 
 
@@ -118,6 +122,7 @@ def start_engines(args: argparse.Namespace, logdir: Path) -> list[Engine]:
             "--replay", f"tcp://*:{e.replay_port}",
             "--gpu-blocks", str(args.gpu_blocks), "--cpu-blocks", str(args.cpu_blocks),
             "--groups", args.groups, "--log-level", "warning",
+            "--tokenizer", str(TOKENIZER), "--served-model-name", MODEL,
         ]  # fmt: skip
         with e.log_path.open("wb") as log:
             e.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -169,7 +174,11 @@ async def start_router(engines: Sequence[Engine]) -> Any:
     from router.config import RouterSettings, parse_worker_spec
     from router.service import RouterService
 
-    settings = RouterSettings(workers=[parse_worker_spec(e.spec()) for e in engines])
+    settings = RouterSettings(
+        workers=[parse_worker_spec(e.spec()) for e in engines],
+        tokenizers={"*": str(TOKENIZER)},
+        health_interval_s=0.25,
+    )
     service = RouterService(settings)
     app = create_app(service)
     sock = listen_socket()
@@ -182,6 +191,12 @@ async def start_router(engines: Sequence[Engine]) -> Any:
                 task.result()
                 raise RuntimeError("the router did not start")
             await asyncio.sleep(0.02)
+        deadline = time.monotonic() + 60
+        while any(service.proxy.health.why_not_live(e.worker_id) for e in engines):
+            if time.monotonic() > deadline:
+                why = {e.worker_id: service.proxy.health.why_not_live(e.worker_id) for e in engines}
+                raise RuntimeError(f"workers not live in the proxy: {why}")
+            await asyncio.sleep(0.05)
         yield service, f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
@@ -208,12 +223,16 @@ class Demo:
         self.args = args
         self.engines = {e.worker_id: e for e in engines}
         self.service = service
-        self.router = httpx.AsyncClient(base_url=url, timeout=30)
+        from openai import AsyncOpenAI
+        from tokenizers import Tokenizer
+
+        self.openai = AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=60)
         self.http = httpx.AsyncClient(timeout=60)
+        self.tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
         self.cost = CostModel()
 
     async def close(self) -> None:
-        await self.router.aclose()
+        await self.openai.close()
         await self.http.aclose()
 
     async def _batches(self, e: Engine) -> int:
@@ -239,60 +258,77 @@ class Demo:
         clock = [0.0]
         reset_routing(self.service, RoutingConfig(seed=self.args.seed), lambda: clock[0])
         run = PolicyRun(policy, sorted(self.engines))
-        finishes: list[tuple[float, str]] = []
         prefill_free = dict.fromkeys(self.engines, 0.0)
+        # The proxy releases a request when its response ends; the engines answer at once,
+        # so the demo keeps each request in flight on the router until its simulated
+        # decode ends (virtual time), as a real engine's streaming response would.
+        core = self.service.routing
+        finishes: list[tuple[float, str]] = []
         t0 = time.perf_counter()
         for req in workload:
             clock[0] = req.arrival
             while finishes and finishes[0][0] <= req.arrival:
-                await self.router.post(f"/v1/requests/{heapq.heappop(finishes)[1]}/finish")
-            body = {"token_ids": list(req.token_ids), "request_id": req.request_id}
-            route = await self.router.post("/v1/route", json={**body, "policy": policy})
-            route.raise_for_status()
-            decision = route.json()
-            e = self.engines[decision["worker_id"]]
-            done = await self.http.post(
-                f"{e.url}/v1/completions",
-                json={"prompt": body["token_ids"], "max_tokens": req.output_tokens},
-            )
-            if done.status_code == 400:  # the prompt does not fit this engine's pool
+                core.finish(heapq.heappop(finishes)[1])
+            # Text, as a user sends it: the router and the engine both tokenize it.
+            text = self.tokenizer.decode(list(req.token_ids))
+            try:
+                raw = await self.openai.completions.with_raw_response.create(
+                    model=MODEL,
+                    prompt=text,
+                    max_tokens=min(req.output_tokens, 16),
+                    extra_headers={"x-kvroute-policy": policy},
+                )
+            except openai_errors() as exc:  # e.g. the prompt does not fit this engine's pool
                 run.rejected += 1
                 if run.rejected == 1:
-                    print(f"kvroute demo: {e.worker_id}: {done.text}", file=sys.stderr)
-                await self.router.post(f"/v1/requests/{req.request_id}/finish")
+                    print(f"kvroute demo: {exc}", file=sys.stderr)
                 tick()
                 continue
-            done.raise_for_status()
-            cached = int(done.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+            e = self.engines[raw.headers["x-kvroute-worker"]]
+            estimate = int(raw.headers["x-kvroute-hit-tokens"])
+            usage = raw.parse().usage
+            n = usage.prompt_tokens
+            details = usage.prompt_tokens_details
+            cached = int(details.cached_tokens or 0) if details else 0
             if not await wait_synced(self.service, e.worker_id, await self._batches(e)):
                 run.unsynced += 1
-            n = len(req.token_ids)
             run.requests += 1
             run.prompt_tokens += n
             run.cached_tokens += cached
-            run.exact += decision["hit_tokens"] == cached
-            run.abs_err += abs(decision["hit_tokens"] - cached)
+            run.exact += estimate == cached
+            run.abs_err += abs(estimate - cached)
             run.tokens_by_worker[e.worker_id] = run.tokens_by_worker.get(e.worker_id, 0) + n
             run.hit_curve.append(run.cached_tokens / run.prompt_tokens)
             start = max(req.arrival, prefill_free[e.worker_id])
             prefill_free[e.worker_id] = start + (n - cached) / self.cost.prefill_tps
             run.ttft_sum += prefill_free[e.worker_id] - req.arrival
             end = prefill_free[e.worker_id] + req.output_tokens * self.cost.decode_s_per_token
-            heapq.heappush(finishes, (end, req.request_id))
+            vid = f"decode-{req.request_id}"
+            core.inflight.add(vid, e.worker_id, clock[0], 0.0, float(req.output_tokens))
+            heapq.heappush(finishes, (end, vid))
             tick()
-        for end, rid in sorted(finishes):
+        for end, vid in sorted(finishes):
             clock[0] = max(clock[0], end)
-            await self.router.post(f"/v1/requests/{rid}/finish")
+            core.finish(vid)
         run.wall_s = time.perf_counter() - t0
         return run
 
 
+def openai_errors() -> tuple[type[Exception], ...]:
+    import openai
+
+    return (openai.BadRequestError, openai.UnprocessableEntityError)
+
+
 def _workload(args: argparse.Namespace) -> list[Request]:
+    from router.proxy.tiny_tokenizer import VOCAB
+
+    # Token ids inside the tiny tokenizer's word range, so they survive decode -> encode.
     if args.trace:
-        trace = MooncakeTrace(args.trace, limit=args.requests, seed=args.seed)
+        trace = MooncakeTrace(args.trace, limit=args.requests, seed=args.seed, vocab=VOCAB)
         return list(trace)
     cfg = SyntheticConfig(
-        requests=args.requests, seed=args.seed, system_prompts=args.system_prompts
+        requests=args.requests, seed=args.seed, system_prompts=args.system_prompts, vocab=VOCAB
     )
     return synthetic_workload(cfg)
 
@@ -341,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvroute demo",
         description="Start simulated engines and the router, replay a workload through "
-        "/v1/route with each policy, and compare engine-measured cache hits.",
+        "the router's OpenAI proxy with each policy, and compare engine-measured cache hits.",
     )
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--requests", type=int, default=600, help="requests per policy")

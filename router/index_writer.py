@@ -109,12 +109,16 @@ class IndexWriter:
         self.retry = IndexRetry(worker_id, settings, counters)
         self._ingestor = ingestor
         self._counters = counters
-        self._staged: list[tuple[int, int, KVEventBatch]] = []
+        self._staged: list[tuple[int, int, int, KVEventBatch]] = []
         self._staged_events = 0
+        # A write that failed for a reason other than an outage: the batches are lost to
+        # the index, so their seqs are not recorded and the worker must be resynced.
+        self.failed = False
+        self.clear_failed = False
 
-    async def stage(self, rank: int, seq: int, batch: KVEventBatch) -> None:
+    async def stage(self, rank: int, seq: int, batch: KVEventBatch, fingerprint: int = 0) -> None:
         """Queue ``batch``; writes when enough events are staged (else at ``flush``)."""
-        self._staged.append((rank, seq, batch))
+        self._staged.append((rank, seq, fingerprint, batch))
         self._staged_events += len(batch.events)
         if self._staged_events >= STAGE_EVENTS:
             await self.flush()
@@ -124,20 +128,49 @@ class IndexWriter:
         if not staged:
             return
         self._staged, self._staged_events = [], 0
+        marks = []
+        offset = 0
+        for rank, seq, fp, b in staged:
+            marks.append((offset, rank, seq, fp))
+            offset += len(b.events)
         if len(staged) == 1:
-            merged = staged[0][2]
+            merged = staged[0][3]
         else:
-            last = staged[-1][2]
-            events = [e for _, _, b in staged for e in b.events]
+            last = staged[-1][3]
+            events = [e for *_, b in staged for e in b.events]
             merged = KVEventBatch(last.ts, events, last.data_parallel_rank)
-        if await self.retry.call(self._ingestor.apply_batch, self.worker_id, merged):
-            self._counters.batches += len(staged)
-            self._counters.events += n_events
-        for rank, seq, _ in staged:
+        apply = self._ingestor.apply_batch
+        if not await self.retry.call(apply, self.worker_id, merged, marks):
+            self.failed = True
+            return
+        self._counters.batches += len(staged)
+        self._counters.events += n_events
+        for rank, seq, _, _ in staged:
             self.written[rank] = seq
+
+    async def persisted_seqs(self) -> dict[int, tuple[int, int]]:
+        """Per rank, the last (seq, fingerprint) the index recorded for this worker."""
+        got: dict[int, tuple[int, int]] = {}
+
+        async def load() -> None:
+            got.update(await self._ingestor.index.load_seqs(self.worker_id))
+
+        await self.retry.call(load)
+        return got
+
+    async def holds_entries(self) -> bool:
+        """True when the index holds blocks of this worker."""
+        groups: dict[int, object] = {}
+
+        async def load() -> None:
+            groups.update(await self._ingestor.worker_groups(self.worker_id))
+
+        await self.retry.call(load)
+        return any(g.blocks_by_medium for g in groups.values())  # type: ignore[attr-defined]
 
     async def clear(self) -> None:
         """Write what is staged, then drop every entry of the worker."""
         await self.flush()
         self.written.clear()
-        await self.retry.call(self._ingestor.clear_worker, self.worker_id)
+        if not await self.retry.call(self._ingestor.clear_worker, self.worker_id):
+            self.clear_failed = True

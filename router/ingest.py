@@ -1,47 +1,61 @@
 """Write side: apply decoded KV event batches to an index backend.
 
-A batch goes through two passes and at most three backend calls: collect the engine
-hashes the batch cannot resolve by itself (parents stored earlier, token-less offload
-stores), ``resolve`` them, then turn every event into a keyed operation in order and hand
-the list to ``apply`` (one Redis round trip). Learned metadata (group kind / block size /
-window, hash mode) is saved first, when it changed, so blocks never exist in the backend
-without the metadata needed to score them.
+A batch goes through three steps and few backend calls: collect the engine hashes the
+batch cannot resolve by itself (parents stored earlier, token-less offload stores, the
+kept blocks of sparse stores), ``resolve`` them, compute every store's block keys (see
+``router.store_placement`` for vLLM's sparse, partial and mixed-size stores; stores
+whose parent another store of the batch names wait for it), then turn every event into
+a keyed operation in order and hand the list to ``apply`` (one Redis round trip).
+Learned metadata (group kind / block size / window, the hash unit, hash mode) is saved
+first, when it changed, so blocks never exist in the backend without it.
+
+Copies: vLLM does not de-duplicate cached blocks, so a store of a block already held is
+another copy and a removal takes one copy (the backends count them).
 
 Bad input is counted, never raised: an event with an unknown medium, a token count that
 does not match its blocks, or a store whose parent was never seen (``unknown_parent``;
 its key cannot be computed, so it is not guessed). Only ``IndexUnavailable`` escapes, so
-the transport can retry the batch (every operation is idempotent).
+the transport can retry the batch.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
-from router.hash_modes import (
-    chain_keys,
-    detect_engine_hash,
-    key_bytes,
-    root_digest,
-    split_extra_keys,
-)
+from offload_core.hit_rule import FULL_KINDS, MAMBA_KINDS
 from router.index.base import (
     MEDIUM_BITS,
     BlockKey,
     ClearOp,
     EngineHash,
+    EngineSettings,
     GroupMeta,
     IndexBackend,
     Op,
     RemoveOp,
+    SeqOp,
     StoreOp,
     WorkerState,
 )
-from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from router.key_planner import Keyed, KeyPlanner
+from schemas import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    normalise_medium,
+)
 from schemas.rest import GroupInfo
 
 log = logging.getLogger(__name__)
+
+# (index of the batch's first event in a merged batch, DP rank, seq, payload crc32)
+SeqMark = tuple[int, int, int, int]
 
 
 @dataclass
@@ -60,8 +74,15 @@ class IngestCounters:
     unknown_parent: int = 0  # blocks not indexed: parent hash never seen
     unresolved_blocks: int = 0  # token-less blocks whose hash the map does not know
     bad_events: int = 0  # unknown medium, token/block count mismatch, bad block size
+    bad_groups: int = 0  # events with a negative or non-integer group_idx
+    unplaced_blocks: int = 0  # sparse-store blocks whose position contradicts the map
+    sparse_stores: int = 0  # stores listing fewer blocks than their tokens hold
+    partial_stores: int = 0  # partial entries (block_size below the group's)
     group_changes: int = 0  # a group's kind/size/window changed
+    hash_unit_changes: int = 0  # a smaller block size showed the learned unit was wrong
     worker_clears: int = 0  # clear_worker calls (resyncs)
+    batches_skipped: int = 0  # batches the index had applied already (seq guard)
+    reannounced_blocks: int = 0  # kv_cache_report_mode "full" re-announcements (no copy)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -106,6 +127,19 @@ class Ingestor:
             state.hash_mode = "unknown"
             await self.index.save_worker(worker_id, state)
 
+    async def configure(self, worker_id: str, settings: EngineSettings) -> None:
+        """Set a worker's engine settings (registration); the hash unit follows them."""
+        state = await self._state(worker_id)
+        if state.settings == settings:
+            return
+        unit = settings.hash_block_size
+        if unit is not None and state.hash_unit not in (None, unit):
+            await self.clear_worker(worker_id)  # keys chained at another unit are void
+        state.settings = settings
+        if unit is not None:
+            state.hash_unit = unit
+        await self.index.save_worker(worker_id, state)
+
     async def remove_worker(self, worker_id: str) -> None:
         """Entries, maps and metadata gone (``DELETE /v1/workers/{id}``)."""
         self._states.pop(worker_id, None)
@@ -140,10 +174,22 @@ class Ingestor:
             self._warned.add(why)
             log.warning("skipping bad KV event: %s (counted in bad_events; logged once)", why)
 
-    def _learn(self, state: WorkerState, ev: BlockStored, ops: list[Op]) -> GroupMeta | None:
-        g = ev.group_idx if ev.group_idx is not None else 0
-        bs = ev.block_size
-        if not isinstance(bs, int) or bs <= 0:
+    def _group(self, group_idx: object) -> int | None:
+        """The event's group (absent = 0), or None for a value no engine sends."""
+        if group_idx is None:
+            return 0
+        if isinstance(group_idx, bool) or not isinstance(group_idx, int) or group_idx < 0:
+            self.counters.bad_groups += 1
+            self._bad(f"invalid group_idx {group_idx!r}")
+            return None
+        return group_idx
+
+    def _learn(self, state: WorkerState, g: int, ev: BlockStored) -> GroupMeta | None:
+        """The group's metadata after this store. Its block size is the largest a store
+        showed: a smaller one is a partial entry (vLLM stores the prompt's tail inside a
+        larger block at the hash unit), never a new model (that comes with a clear)."""
+        bs = _size(ev.block_size)
+        if bs is None:
             if self.default_block_size is None:
                 return None
             bs = self.default_block_size
@@ -152,36 +198,72 @@ class Ingestor:
         window = ev.kv_cache_spec_sliding_window
         if window is None and old is not None and old.kind == kind:
             window = old.sliding_window
+        size = bs if old is None else max(old.block_size, bs)
+        unit = state.hash_unit
+        if state.settings.partial_hash_hits and kind in MAMBA_KINDS and unit and size > unit:
+            # vLLM's partial-hash hits: mamba states are looked up at every hash unit
+            # (block or partial entry), so the group is indexed and scored at the unit.
+            size = unit
         if (
             old is not None
             and old.kind == kind
-            and old.block_size == bs
+            and old.block_size == size
             and old.sliding_window == window
         ):
             return old
-        meta = GroupMeta(kind, bs, window)
         if old is not None:
             self.counters.group_changes += 1
-            if old.block_size != bs:
-                ops.append(ClearOp())  # a new model behind the worker: old keys are void
-        state.groups[g] = meta
+        meta = state.groups[g] = GroupMeta(kind, size, window)
         return meta
 
-    async def apply_batch(self, worker_id: str, batch: KVEventBatch) -> None:
-        """Apply a batch's events in order; problems are counted, never raised."""
-        await self.apply_batches([(worker_id, batch)])
+    def _learn_unit(
+        self, state: WorkerState, batch: KVEventBatch, ops: list[Op], known: dict
+    ) -> None:
+        """The hash unit: registered, else the gcd of every block size seen. A unit that
+        shrinks voids the keys chained so far (counted; register ``hash_block_size``).
+        Clears keep it: relearning it after each would void keys again and again."""
+        if state.settings.hash_block_size is not None:
+            state.hash_unit = state.settings.hash_block_size
+            return
+        unit = state.hash_unit or 0
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                bs = _size(ev.block_size) or self.default_block_size
+                if bs is not None:
+                    unit = math.gcd(unit, bs)
+        if unit == 0 or unit == state.hash_unit:
+            return
+        if state.hash_unit is not None:
+            self.counters.hash_unit_changes += 1
+            ops.append(ClearOp())
+            known.clear()
+            state.hash_mode = "unknown"
+        state.hash_unit = unit
 
-    async def apply_batches(self, items: Sequence[tuple[str, KVEventBatch]]) -> None:
+    async def apply_batch(
+        self, worker_id: str, batch: KVEventBatch, marks: Sequence[SeqMark] = ()
+    ) -> None:
+        """Apply a batch's events in order; problems are counted, never raised.
+
+        ``marks`` are the (first event index, rank, seq, fingerprint) of the published
+        batches merged into ``batch``: the index applies each one at most once."""
+        await self.apply_batches([(worker_id, batch, marks)])
+
+    async def apply_batches(
+        self, items: Sequence[tuple[str, KVEventBatch] | tuple[str, KVEventBatch, Any]]
+    ) -> None:
         """Apply several batches (any workers) in order with one backend write call.
 
         For Redis that is one pipelined round trip for all of them, so a subscriber that
         drains what it has received so far overlaps its work with the server's.
         """
         plans: list[tuple[str, dict[int, GroupMeta], list[Op]]] = []
-        carried: dict[str, dict[int, dict[EngineHash, BlockKey]]] = {}
-        for worker_id, batch in items:
+        carried: dict[str, dict[EngineHash, BlockKey]] = {}
+        for item in items:
+            worker_id, batch = item[0], item[1]
+            marks = item[2] if len(item) > 2 else ()
             known = carried.setdefault(worker_id, {})
-            groups, ops = await self._plan(worker_id, batch, known)
+            groups, ops = await self._plan(worker_id, batch, known, marks)
             if ops:
                 plans.append((worker_id, groups, ops))
         if not plans:
@@ -192,43 +274,107 @@ class Ingestor:
             c.blocks_stored_repeat += result.stored_repeat
             c.blocks_removed += result.removed
             c.blocks_removed_missing += result.removed_missing
+            c.batches_skipped += result.skipped_batches
+
+    async def _resolve(
+        self,
+        worker_id: str,
+        state: WorkerState,
+        batch: KVEventBatch,
+        known: dict[EngineHash, BlockKey],
+    ) -> set[EngineHash]:
+        """Look up, in every map of the worker, the engine hashes the batch needs; return
+        ``_held_roots``."""
+        wanted: set[EngineHash] = set()
+        sizes = {m.block_size for m in state.groups.values()}
+        for ev in batch.events:
+            if not isinstance(ev, BlockStored):
+                continue
+            bs = _size(ev.block_size) or self.default_block_size
+            if bs is not None:
+                sizes.add(bs)
+            tokens = ev.token_ids
+            if not tokens or normalise_medium(ev.medium) != MEDIUM_GPU:
+                # Offload-tier stores copy blocks the map usually names already, even
+                # when their parent has gone from every tier since.
+                wanted.update(ev.block_hashes)
+                continue
+            if ev.parent_block_hash is not None:
+                wanted.add(ev.parent_block_hash)
+            if bs is not None and len(ev.block_hashes) * bs != len(tokens):
+                wanted.update(ev.block_hashes)  # a sparse store: anchors for placement
+        todo = [h for h in wanted if h not in known]
+        for bs in sorted(sizes):
+            if not todo:
+                break
+            found = await self.index.resolve(worker_id, bs, todo)
+            known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
+            todo = [h for h, k in zip(todo, found, strict=True) if k is None]
+        if not state.settings.report_full:
+            return set()
+        return await self._held_roots(worker_id, state, batch)
+
+    async def _held_roots(
+        self, worker_id: str, state: WorkerState, batch: KVEventBatch
+    ) -> set[EngineHash]:
+        """Hashes of chain starts (parent None) in full-attention groups that the index
+        holds already, before this batch: the candidates for re-announcements."""
+        roots: dict[int, set[EngineHash]] = {}
+        for ev in batch.events:
+            if (
+                isinstance(ev, BlockStored)
+                and ev.parent_block_hash is None
+                and ev.token_ids
+                and self._kind(state, ev) in FULL_KINDS
+                and _size(ev.block_size)
+            ):
+                roots.setdefault(ev.block_size, set()).update(ev.block_hashes)
+        held: set[EngineHash] = set()
+        for bs, hashes in roots.items():
+            hs = list(hashes)
+            found = await self.index.resolve(worker_id, bs, hs, live_only=True)
+            held.update(h for h, k in zip(hs, found, strict=True) if k is not None)
+        return held
+
+    def _kind(self, state: WorkerState, ev: BlockStored) -> str:
+        if ev.kv_cache_spec_kind:
+            return ev.kv_cache_spec_kind
+        meta = state.groups.get(ev.group_idx if isinstance(ev.group_idx, int) else 0)
+        return meta.kind if meta is not None else self.default_kind
 
     async def _plan(
-        self, worker_id: str, batch: KVEventBatch, known: dict[int, dict[EngineHash, BlockKey]]
+        self,
+        worker_id: str,
+        batch: KVEventBatch,
+        known: dict[EngineHash, BlockKey],
+        marks: Sequence[SeqMark] = (),
     ) -> tuple[dict[int, GroupMeta], list[Op]]:
         """A batch as keyed operations; ``known`` carries mappings between batches."""
         c = self.counters
         c.batches += 1
         state = await self._state(worker_id)
-        before = (dict(state.groups), state.hash_mode)
-
-        # Pass 1: engine hashes this batch needs from the map.
-        wanted: dict[int, set[EngineHash]] = {}
-        for ev in batch.events:
-            if isinstance(ev, BlockStored):
-                if not ev.token_ids or ev.medium not in (None, MEDIUM_GPU):
-                    # Offload-tier stores copy blocks the map usually names already, even
-                    # when their parent has gone from every tier since.
-                    wanted.setdefault(ev.block_size, set()).update(ev.block_hashes)
-                if ev.token_ids and ev.parent_block_hash is not None:
-                    wanted.setdefault(ev.block_size, set()).add(ev.parent_block_hash)
-        for bs, hashes in wanted.items():
-            local = known.setdefault(bs, {})
-            hs = [h for h in hashes if h not in local]
-            if hs:
-                found = await self.index.resolve(worker_id, bs, hs)
-                local.update((h, k) for h, k in zip(hs, found, strict=True) if k is not None)
-
-        # Pass 2: keyed operations, in order.
+        before = (dict(state.groups), state.hash_mode, state.hash_unit)
         ops: list[Op] = []
-        for ev in batch.events:
+        self._learn_unit(state, batch, ops, known)
+        held = await self._resolve(worker_id, state, batch, known)
+        planner = KeyPlanner(state, batch, known, self.default_block_size)
+        if state.settings.report_full:
+            planner.find_reannouncements(held, lambda ev: self._kind(state, ev) in FULL_KINDS)
+        keyed = planner.run()
+
+        pending = list(reversed(marks))
+        for i, ev in enumerate(batch.events):
+            while pending and pending[-1][0] <= i:
+                ops.append(SeqOp(*pending.pop()[1:]))
             if isinstance(ev, BlockStored):
                 c.events_stored += 1
-                self._store(state, ev, known, ops)
+                self._store(state, ev, keyed.get(i), ops)
             elif isinstance(ev, BlockRemoved):
                 c.events_removed += 1
-                g = ev.group_idx if ev.group_idx is not None else 0
-                bit = MEDIUM_BITS.get(ev.medium or "GPU")
+                g = self._group(ev.group_idx)
+                bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
+                if g is None:
+                    continue
                 if bit is None:
                     self._bad(f"unknown medium {ev.medium!r}")
                 elif g not in state.groups:
@@ -238,73 +384,53 @@ class Ingestor:
             elif isinstance(ev, AllBlocksCleared):
                 c.events_cleared += 1
                 ops.append(ClearOp())
-                known.clear()
                 state.hash_mode = "unknown"
             else:
                 c.events_unknown += 1
 
-        if (state.groups, state.hash_mode) != before:
+        ops += [SeqOp(*m[1:]) for m in reversed(pending)]  # batches with no events
+        if (state.groups, state.hash_mode, state.hash_unit) != before:
             await self.index.save_worker(worker_id, state)
         return dict(state.groups), ops
 
     def _store(
-        self,
-        state: WorkerState,
-        ev: BlockStored,
-        known: dict[int, dict[EngineHash, BlockKey]],
-        ops: list[Op],
+        self, state: WorkerState, ev: BlockStored, keyed: Keyed | None, ops: list[Op]
     ) -> None:
         c = self.counters
-        hashes = ev.block_hashes
-        n = len(hashes)
-        bit = MEDIUM_BITS.get(ev.medium or "GPU")
+        g = self._group(ev.group_idx)
+        if g is None:
+            return
+        bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
         if bit is None:
             self._bad(f"unknown medium {ev.medium!r}")
             return
-        meta = self._learn(state, ev, ops)
+        meta = self._learn(state, g, ev)
         if meta is None:
             self._bad(f"invalid block_size {ev.block_size!r}")
             return
-        if n == 0:
+        if keyed is None:  # no blocks: an empty (fully masked) store
             return
-        bs = meta.block_size
-        local = known.setdefault(bs, {})
-        g = ev.group_idx if ev.group_idx is not None else 0
-        tokens = ev.token_ids
-        if tokens and len(tokens) != n * bs:
-            self._bad("token_ids length is not len(block_hashes) * block_size")
+        if keyed.error:
+            self._bad(keyed.error)
             return
-        keys = list(map(local.get, hashes))
-        if None not in keys:  # the map (or a group of this block size) named them all
-            ops.append(StoreOp(g, bit, list(hashes), keys))
+        if keyed.reannounce:
+            c.reannounced_blocks += len(ev.block_hashes)
             return
-        parent_hash = ev.parent_block_hash
-        parent: bytes | None = None
-        others = None
-        if tokens and parent_hash is None:
-            extra = split_extra_keys(ev.extra_keys, n, ev.lora_name)
-            parent = root_digest(extra.lora_name, extra.cache_salt)
-            others = extra.others
-            if state.hash_mode == "unknown":
-                first = ev.extra_keys[0] if ev.extra_keys else None
-                algo = detect_engine_hash(hashes[0], tokens[:bs], first)
-                state.hash_mode = "engine" if algo is not None else "canonical"
-        elif tokens:
-            parent_key = local.get(parent_hash)
-            if parent_key is not None:
-                parent = key_bytes(parent_key)
-                others = split_extra_keys(ev.extra_keys, n, ev.lora_name).others
-        if parent is None:
-            # No tokens (vLLM's offload connector) or a parent never seen: only blocks the
-            # map already names can be placed; the rest is counted, not guessed.
-            hs = [h for h, k in zip(hashes, keys, strict=True) if k is not None]
-            if tokens:
-                c.unknown_parent += n - len(hs)
-            else:
-                c.unresolved_blocks += n - len(hs)
-            if hs:
-                ops.append(StoreOp(g, bit, hs, [k for k in keys if k is not None]))
-            return
-        keys = chain_keys(parent, tokens, bs, n, others)
-        local.update(zip(hashes, keys, strict=True))
-        ops.append(StoreOp(g, bit, list(hashes), keys))
+        if keyed.sparse:
+            c.sparse_stores += 1
+        if (_size(ev.block_size) or meta.block_size) < meta.block_size:
+            c.partial_stores += 1
+        c.unknown_parent += keyed.unknown_parent
+        c.unresolved_blocks += keyed.unresolved
+        c.unplaced_blocks += keyed.unplaced
+        if keyed.hashes:
+            ops.append(StoreOp(g, bit, keyed.hashes, keyed.keys))
+        if keyed.algo_checked and state.hash_mode == "unknown":
+            state.hash_mode = keyed.algo_checked
+
+
+def _size(value: object) -> int | None:
+    """A positive int block size, or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value

@@ -45,7 +45,8 @@ _WORKER_COUNTERS = (
     ("decode_errors", "decode_errors", "undecodable frames skipped"),
     ("duplicate_batches", "duplicates", "batches skipped as already applied (replay overlap)"),
     ("ingest_retries", "ingest_retries", "index writes retried while the index was down"),
-    ("ingest_errors", "ingest_errors", "batches skipped because applying them failed"),
+    ("ingest_errors", "ingest_errors", "index writes that failed (not an outage): repaired"),
+    ("tail_checks", "tail_checks", "idle-time replay asks for frames lost at the tail"),
 )
 # (metric suffix, DecodeStats field, help)
 _DECODE_COUNTERS = (
@@ -130,7 +131,19 @@ class _ServiceCollector(Collector):
         last_seq = GaugeMetricFamily(
             "kvroute_last_seq", "last applied seq per DP rank", labels=["worker", "rank"]
         )
+        silent = GaugeMetricFamily(
+            "kvroute_worker_silent",
+            "1 when the worker sent no batch within silent_after_s of registration",
+            labels=["worker"],
+        )
+        faulted = GaugeMetricFamily(
+            "kvroute_worker_faulted",
+            "1 while a failed index write is being repaired (clear and replay)",
+            labels=["worker"],
+        )
         for sub in subs:
+            silent.add_metric([sub.worker_id], 1.0 if sub.silent else 0.0)
+            faulted.add_metric([sub.worker_id], 1.0 if sub.faulted else 0.0)
             current = sub.state
             for s in STATES:
                 state.add_metric([sub.worker_id, s], 1.0 if s == current else 0.0)
@@ -140,6 +153,8 @@ class _ServiceCollector(Collector):
         yield state
         yield lag
         yield last_seq
+        yield silent
+        yield faulted
         yield GaugeMetricFamily("kvroute_workers", "registered workers", value=len(subs))
 
         for name, value in svc.ingestor.counters.as_dict().items():

@@ -47,6 +47,18 @@ class InvalidEndpoint(ValueError):
     """ZMQ refused the endpoint (wildcard host, bad scheme, ...)."""
 
 
+def bind_endpoint(sock: zmq.Socket, endpoint: str) -> None:
+    """Bind ``sock`` (the engine connects to us); a refused endpoint becomes
+    ``InvalidEndpoint`` (port in use, address not local)."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise InvalidEndpoint(
+            f"cannot bind {endpoint!r} ({exc.strerror}); name a local address and a free "
+            "port, e.g. tcp://*:5557, and point the engine's endpoint at this host"
+        ) from None
+
+
 def connect_endpoint(sock: zmq.Socket, endpoint: str) -> None:
     """Connect ``sock``; a refused endpoint becomes ``InvalidEndpoint`` with a hint."""
     try:

@@ -42,6 +42,7 @@ from router.index.base import (
     IndexBackend,
     WorkerSnapshot,
 )
+from router.store_placement import block_keys_at
 from schemas.rest import ScoreResponse
 
 DEFAULT_TIER_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
@@ -107,8 +108,10 @@ class Scorer:
             else 0.0
             for m in range(256)
         ]
-        # Block sizes seen so far: hashed up front so one fetch usually suffices.
+        # Block sizes seen so far (and the hash unit last seen with each): hashed up
+        # front so one fetch usually suffices.
         self._sizes: set[int] = set()
+        self._units: dict[int, int] = {}
         self._plans: dict[tuple[GroupMeta, ...], _Plan] = {}
 
     async def score(
@@ -132,25 +135,45 @@ class Scorer:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        skip_prefix_cache: bool = False,
     ) -> ScoreResult:
-        """Rows best first, as Structs; ``msgspec.json.encode`` gives the API's answer."""
-        keys: dict[int, Sequence[BlockKey]] = {
-            bs: request_keys(token_ids, bs, lora_name, cache_salt) for bs in self._sizes
-        }
+        """Rows best first, as Structs; ``msgspec.json.encode`` gives the API's answer.
+
+        Keys are chained at each worker's hash unit (a group of block size ``k * unit``
+        reads every ``k``-th unit key). One fetch asks with the unit last seen for each
+        block size; workers whose unit or block sizes differ are asked again.
+        """
+        if skip_prefix_cache:  # vLLM reads no prefix cache for such requests
+            return ScoreResult(
+                len(token_ids), [WorkerRow(w, 0, 0, 0.0) for w in sorted(set(worker_ids))]
+            )
+        chains: dict[int, list[BlockKey]] = {}
+
+        def keys_for(bs: int, unit: int | None) -> list[BlockKey]:
+            u = unit if unit and bs % unit == 0 else bs
+            units = chains.get(u)
+            if units is None:
+                units = chains[u] = request_keys(token_ids, u, lora_name, cache_salt)
+            return block_keys_at(units, bs // u)
+
+        used = {bs: self._units.get(bs) or bs for bs in self._sizes}
+        keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
         snaps = await self.index.fetch(worker_ids, keys)
-        missing = {
-            m.block_size
-            for s in snaps.values()
-            if s is not None
-            for g, m in s.groups.items()
-            if g not in s.masks
-        }
-        if missing:  # a block size never seen by this scorer: hash it and ask again
-            self._sizes |= missing
-            for bs in missing:
-                keys[bs] = request_keys(token_ids, bs, lora_name, cache_salt)
-            again = [w for w, s in snaps.items() if s is not None and len(s.masks) < len(s.groups)]
-            snaps.update(await self.index.fetch(again, keys))
+        again: dict[int | None, list[str]] = {}
+        for wid, snap in snaps.items():
+            if snap is None:
+                continue
+            unit = snap.hash_unit
+            for g, m in snap.groups.items():
+                if g not in snap.masks or used.get(m.block_size) != (unit or m.block_size):
+                    again.setdefault(unit, []).append(wid)
+                    break
+        for unit, wids in again.items():
+            sizes = {m.block_size for w in wids for m in snaps[w].groups.values()}  # type: ignore[union-attr]
+            for bs in sizes:
+                self._sizes.add(bs)
+                self._units[bs] = unit or bs
+            snaps.update(await self.index.fetch(wids, {bs: keys_for(bs, unit) for bs in sizes}))
         n = len(token_ids)
         memo: dict[object, Any] = {}
         rows = [self._worker(wid, snaps.get(wid), n, memo) for wid in dict.fromkeys(worker_ids)]
@@ -179,10 +202,13 @@ class Scorer:
         metas = tuple(groups[g] for g in order)
         masks = snap.masks
         any_lists = tuple(masks.get(g, b"") for g in order)
-        memo_key = (metas, any_lists)
+        # EAGLE/MTP changes the rule (vLLM drops the last matched block); the hash unit
+        # bounds its peek block. None: the plain rule.
+        eagle = (snap.hash_unit or 0) if snap.settings.eagle else None
+        memo_key = (metas, any_lists, eagle)
         done = memo.get(memo_key)
         if done is None:
-            done = memo[memo_key] = self._compute(metas, any_lists, n, memo)
+            done = memo[memo_key] = self._compute(metas, any_lists, n, memo, eagle)
         hit, hit_gpu, group_rows, score = done
         # A copy per worker: rows never share a mutable list.
         return WorkerRow(worker_id, hit, hit_gpu, score, True, list(group_rows))
@@ -193,6 +219,7 @@ class Scorer:
         any_lists: Sequence[bytes],
         n: int,
         memo: dict[object, Any],
+        eagle: int | None = None,
     ) -> _Result:
         """(hit_tokens, hit_tokens_gpu, per-group rows, score) for one pattern."""
         plan = self._plans.get(metas)
@@ -200,12 +227,12 @@ class Scorer:
             if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
                 self._plans.clear()
             plan = self._plans[metas] = _Plan(metas)
-        hit, own = _tier(plan, any_lists, n, memo)
+        hit, own = _tier(plan, any_lists, n, memo, eagle)
         gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
         if gpu_lists == list(any_lists):
             hit_gpu, own_gpu = hit, own
         else:
-            hit_gpu, own_gpu = _tier(plan, _truncate(plan, gpu_lists), n, memo)
+            hit_gpu, own_gpu = _tier(plan, _truncate(plan, gpu_lists), n, memo, eagle)
         score = max(self._weighted(hit, plan, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
         rows = [
             GroupRow(g, m.kind, m.block_size, True, h, hg)
@@ -277,7 +304,7 @@ def _truncate(plan: _Plan, lists: list[bytes]) -> list[bytes]:
 
 
 def _tier(
-    plan: _Plan, lists: Sequence[bytes], n: int, memo: dict[object, Any]
+    plan: _Plan, lists: Sequence[bytes], n: int, memo: dict[object, Any], eagle: int | None = None
 ) -> tuple[int, list[int]]:
     """The joint hit and each group's own hit, for one tier.
 
@@ -298,6 +325,9 @@ def _tier(
         if got is None:
             got = memo[key] = group_max_hit(spec, lst, limit, step)
         own.append(got)
+    if eagle is not None:  # the per-group maxima do not bound the EAGLE rule
+        hit = longest_hit(n, plan.specs, lists, eagle=True, hash_block_size=eagle or None)
+        return hit, own
     bound = min(own)
     if bound <= 0 or bound == max(own):
         return max(bound, 0), own  # every group accepts ``bound``: it is the answer

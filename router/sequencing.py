@@ -103,6 +103,10 @@ class SeqTracker:
         if self.top_seq is None or seq >= self.top_seq:
             self.top_seq, self.top_print = seq, fingerprint
 
+    def is_bad(self, seq: int) -> bool:
+        """True if ``seq`` was already seen undecodable (counted once)."""
+        return seq in self._bad
+
     def mark_bad(self, seq: int) -> None:
         """An undecodable frame consumed ``seq``: not a gap later."""
         self._bad[seq] = None

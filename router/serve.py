@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"register a worker at start-up; repeatable ({env}WORKERS: specs separated "
         "by ';' or a JSON list)",
     )
+    add(
+        "--listen",
+        metavar="ENDPOINT",
+        help=f"bind one SUB that engines connect to, e.g. tcp://*:5557; workers are "
+        f"created from topics kv@<worker>[@<model>] ({env}LISTEN)",
+    )
     add("--api-key", help=f"key required on mutating endpoints ({env}API_KEY)")
     add(
         "--api-key-all",
@@ -80,7 +86,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help=f'e.g. \'{{"CPU": 0.8, "STORAGE": 0.5}}\' ({env}TIER_WEIGHTS)',
     )
+    add(
+        "--tokenizer",
+        dest="tokenizers",
+        action="append",
+        metavar="[MODEL=]PATH",
+        help="the proxy's tokenizer for MODEL (a dir with tokenizer.json, or an HF id in the "
+        f"local cache); without MODEL= it serves any model; repeatable ({env}TOKENIZERS: JSON)",
+    )
+    add("--proxy-retries", type=int, help=f"retries on the next-best worker ({env}PROXY_RETRIES)")
+    add("--proxy-timeout-s", type=float, help=f"upstream read timeout ({env}PROXY_TIMEOUT_S)")
+    add(
+        "--health-interval-s",
+        type=float,
+        help=f"seconds between worker health checks ({env}HEALTH_INTERVAL_S)",
+    )
     return p
+
+
+def parse_tokenizers(specs: list[str]) -> dict[str, str]:
+    """``MODEL=PATH`` or ``PATH`` (any model) -> {model: path}."""
+    out = {}
+    for spec in specs:
+        model, sep, path = spec.partition("=")
+        if not sep:
+            model, path = "*", spec
+        if not model or not path:
+            raise ValueError(f"--tokenizer {spec!r}: expected [MODEL=]PATH")
+        out[model] = path
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if overrides.get("workers"):
             overrides["workers"] = [parse_worker_spec(w) for w in overrides["workers"]]
+        if overrides.get("tokenizers"):
+            overrides["tokenizers"] = parse_tokenizers(overrides["tokenizers"])
         settings = load_settings(args.config, **overrides)
     except (ValidationError, ValueError, OSError) as exc:
         print(f"kvroute serve: invalid settings: {exc}", file=sys.stderr)

@@ -27,6 +27,7 @@ from router.metrics import RouterMetrics
 from router.netutil import InvalidEndpoint
 from router.scoring import Scorer, ScoreResult, to_response
 from router.subscriber import WorkerSubscription
+from router.topic_listener import FedSubscription, TopicListener
 from schemas.rest import ScoreResponse, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ class SubscriptionManager:
         self._subs: dict[str, WorkerSubscription] = {}
         self._running = False
 
+    @property
+    def context(self) -> zmq.asyncio.Context:
+        return self._ctx
+
     def __contains__(self, worker_id: object) -> bool:
         return worker_id in self._subs
 
@@ -59,7 +64,8 @@ class SubscriptionManager:
         """Open the sockets (raises ``InvalidEndpoint``); start at once if running."""
         if spec.worker_id in self._subs:
             raise KeyError(spec.worker_id)
-        sub = WorkerSubscription(spec, self._ctx, self._ingestor, self._settings)
+        kind = FedSubscription if spec.via_listener else WorkerSubscription
+        sub = kind(spec, self._ctx, self._ingestor, self._settings)
         self._subs[spec.worker_id] = sub
         if self._running:
             sub.start()
@@ -126,6 +132,8 @@ class RouterService:
         self.started_at = time.time()
         self._background: list[BackgroundFactory] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self.listener: TopicListener | None = None
+        self._locks: dict[str, asyncio.Lock] = {}
         self._running = False
         self._stopped = False
         for spec in s.workers:
@@ -136,7 +144,15 @@ class RouterService:
         if self._running or self._stopped:
             return
         self._running = True
+        for spec in self.settings.workers:
+            await self.ingestor.configure(spec.worker_id, spec.engine_settings())
         self.subscriptions.start()
+        if self.settings.listen is not None:
+            listener = TopicListener(
+                self.settings, self.subscriptions.context, self.subscriptions.get, self._adopt
+            )
+            self.listener = listener
+            self._tasks.append(asyncio.create_task(listener.run(), name="kvroute-listener"))
         for factory in self._background:
             self._spawn(factory)
         log.info(
@@ -158,6 +174,15 @@ class RouterService:
         with contextlib.suppress(Exception):
             await self.index.close()
         log.info("router stopped")
+
+    async def _adopt(self, spec: WorkerSpec) -> WorkerSubscription | None:
+        """A worker named by a new topic on the shared listener."""
+        try:
+            await self.add_worker(spec)
+        except (WorkerExists, InvalidEndpoint, ValueError) as exc:
+            log.warning("listener: cannot add worker %s: %s", spec.worker_id, exc)
+            return None
+        return self.subscriptions.get(spec.worker_id)
 
     def add_background(self, factory: BackgroundFactory) -> None:
         """Run ``factory()`` as a task while the service runs (cancelled at stop)."""
@@ -182,9 +207,23 @@ class RouterService:
             raise WorkerExists(spec.worker_id)
         return self.subscriptions.add(spec)
 
+    def _lifecycle(self, worker_id: str) -> asyncio.Lock:
+        """One lock per worker id: a removal (unsubscribe, then delete its index data)
+        and a registration of the same id never interleave, so a re-registered worker's
+        first batches cannot be deleted by the removal before it."""
+        lock = self._locks.get(worker_id)
+        if lock is None:
+            lock = self._locks[worker_id] = asyncio.Lock()
+        return lock
+
     async def add_worker(self, spec: WorkerSpec) -> WorkerStatus:
         """Register and subscribe; raises ``WorkerExists`` or ``InvalidEndpoint``."""
-        self._register(spec)
+        async with self._lifecycle(spec.worker_id):
+            if spec.worker_id in self.subscriptions:
+                raise WorkerExists(spec.worker_id)
+            # Settings first: the subscription's first batch needs the hash unit.
+            await self.ingestor.configure(spec.worker_id, spec.engine_settings())
+            self._register(spec)
         log.info(
             "worker %s registered (%s)",
             spec.worker_id,
@@ -195,10 +234,12 @@ class RouterService:
 
     async def remove_worker(self, worker_id: str) -> None:
         """Unsubscribe and drop the worker's index entries and metadata."""
-        if worker_id not in self.subscriptions:
-            raise UnknownWorker(worker_id)
-        await self.subscriptions.remove(worker_id)
-        await self.ingestor.remove_worker(worker_id)
+        async with self._lifecycle(worker_id):
+            if worker_id not in self.subscriptions:
+                raise UnknownWorker(worker_id)
+            await self.subscriptions.remove(worker_id)
+            await self.ingestor.remove_worker(worker_id)
+        self._locks.pop(worker_id, None)
         log.info(
             "worker %s removed", worker_id, extra=event_extra("worker_removed", worker=worker_id)
         )
@@ -237,6 +278,8 @@ class RouterService:
             gaps=c.gaps,
             replays=c.replays,
             resyncs=c.resyncs,
+            silent=sub.silent,
+            faulted=sub.faulted,
             decode_errors=c.decode_errors,
             replay_failures=c.replay_failures,
             duplicates=c.duplicates,
@@ -269,6 +312,7 @@ class RouterService:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        skip_prefix_cache: bool = False,
     ) -> ScoreResult:
         """Score the named workers (default: all), best first, as msgspec Structs whose
         JSON is the API's answer; raises ``UnknownWorker`` or ``IndexUnavailable``."""
@@ -281,7 +325,11 @@ class RouterService:
             worker_ids = list(dict.fromkeys(workers))
         t0 = time.perf_counter()
         result = await self.scorer.score_result(
-            token_ids, worker_ids, lora_name=lora_name, cache_salt=cache_salt
+            token_ids,
+            worker_ids,
+            lora_name=lora_name,
+            cache_salt=cache_salt,
+            skip_prefix_cache=skip_prefix_cache,
         )
         self.metrics.score_latency.observe(time.perf_counter() - t0)
         return result

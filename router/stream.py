@@ -320,6 +320,10 @@ class SummaryBuilder:
                 ),
             },
             "routes": self._recent_routes(),
+            # The OpenAI proxy's per-worker liveness and estimate accuracy (router/proxy).
+            "proxy": proxy.counters.summary(proxy.health)
+            if (proxy := getattr(svc, "proxy", None)) is not None
+            else None,
         }
 
     def _recent_routes(self) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import zlib
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -36,10 +37,10 @@ from zmq.utils.monitor import parse_monitor_message
 from router.config import RouterSettings, WorkerSpec
 from router.index_writer import IndexWriter
 from router.logging_setup import event_extra
-from router.netutil import InvalidEndpoint, connect_endpoint
+from router.netutil import InvalidEndpoint, bind_endpoint, connect_endpoint
 from router.replay import ReplayFailed, ReplayFrame, request_replay
 from router.sequencing import SeqTracker, Verdict
-from schemas import DecodeError, DecodeStats, KVEventBatch, decode_batch
+from schemas import AllBlocksCleared, DecodeError, DecodeStats, KVEventBatch, decode_batch
 
 if TYPE_CHECKING:
     from router.ingest import Ingestor
@@ -53,6 +54,9 @@ _IDLE_POLL_MS = 250
 # Delay from a TCP connect to the catch-up replay: by then the subscription has reached
 # the publisher, so nothing published after the replay's answer can be missed.
 CATCH_UP_DELAY_S = 0.15
+# Backoff of the clear-and-replay repair after a failed index write (doubles per failure).
+_REPAIR_FIRST_S = 0.2
+_REPAIR_MAX_S = 30.0
 
 
 @dataclass
@@ -69,6 +73,7 @@ class WorkerCounters:
     duplicates: int = 0
     ingest_retries: int = 0
     ingest_errors: int = 0
+    tail_checks: int = 0  # idle-time replay asks for frames lost at the tail
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -97,7 +102,23 @@ class WorkerSubscription:
         self._writer = IndexWriter(spec.worker_id, ingestor, settings, self.counters)
         self._logged_decode_error = False
         self._catch_up_at: float | None = None
+        self._registered_at = time.monotonic()
+        self._last_frame_at = self._tail_checked_at = time.monotonic()
+        self._repair_at: float | None = None
+        self._repair_delay = _REPAIR_FIRST_S
+        self.faulted = False  # an index write failed; repaired when _repair_at is due
+        # Rebuilt from a replay buffer that did not reach back to seq 0: the index lacks
+        # blocks cached before it, so estimates are lower bounds until the engine clears.
+        self.partial_history = False
+        self._silent_logged = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._open_sockets(spec, ctx, settings)
+
+    def _open_sockets(
+        self, spec: WorkerSpec, ctx: zmq.asyncio.Context, settings: RouterSettings
+    ) -> None:
+        """The SUB (connected, or bound with ``bind``), its monitor and a blocking twin;
+        raises ``InvalidEndpoint``."""
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
@@ -105,13 +126,19 @@ class WorkerSubscription:
         self._sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self._sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
         self._monitor = self._sub.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+            zmq.EVENT_CONNECTED
+            | zmq.EVENT_ACCEPTED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_MONITOR_STOPPED
         )
         # A blocking twin of the same socket: draining a backlog without one future per
         # frame is several times faster, and both see one queue.
         self._shadow = zmq.Socket.shadow(self._sub.underlying)
         try:
-            connect_endpoint(self._sub, spec.endpoint)
+            if spec.bind:
+                bind_endpoint(self._sub, spec.endpoint)
+            else:
+                connect_endpoint(self._sub, spec.endpoint)
             if spec.replay_endpoint is not None:
                 probe = ctx.socket(zmq.DEALER)
                 try:
@@ -138,6 +165,34 @@ class WorkerSubscription:
     def last_seq(self) -> dict[int, int]:
         """Per DP rank, the last seq whose batch the index has taken."""
         return dict(self._writer.written)
+
+    @property
+    def silent(self) -> bool:
+        """No batch yet, ``silent_after_s`` after registration."""
+        if self.counters.batches or self.counters.decode_errors:
+            return False
+        return time.monotonic() - self._registered_at >= self._settings.silent_after_s
+
+    def _check_silent(self) -> None:
+        if self._silent_logged or not self.silent:
+            return
+        self._silent_logged = True
+        hint = (
+            "the engine may bind and connect too (vLLM connects for tcp://host:port: "
+            "register with bind=true)"
+            if not self.spec.bind
+            else "is the engine's endpoint pointed at this router?"
+        )
+        log.warning(
+            "worker %s: no events %.0f s after registration (state %s, endpoint %s, topic %r); %s",
+            self.worker_id,
+            self._settings.silent_after_s,
+            self.state,
+            self.spec.endpoint,
+            self.spec.topic,
+            hint,
+            extra=self._event("worker_silent", endpoint=self.spec.endpoint),
+        )
 
     def lag_seconds(self) -> float:
         """How long the batch being applied has waited for the index (0 when none)."""
@@ -169,7 +224,7 @@ class WorkerSubscription:
         while True:
             msg = await self._monitor.recv_multipart()
             event = parse_monitor_message(msg)["event"]
-            if event == zmq.EVENT_CONNECTED:
+            if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
                 self.connected = self.ever_connected = True
                 log.info(
                     "worker %s connected (%s)",
@@ -190,8 +245,25 @@ class WorkerSubscription:
                 return
 
     # ------------------------------------------------------------------ main loop
+    async def _resume_from_index(self) -> None:
+        """Before anything else: a router restarted on a shared index (Redis) resumes
+        where the index says it was -- per rank the last applied seq and its payload's
+        fingerprint -- so the catch-up replay applies only what is new and notices a
+        publisher that restarted meanwhile. Entries without recorded seqs cannot be
+        matched with the stream: they are cleared and rebuilt."""
+        persisted = await self._writer.persisted_seqs()
+        if persisted:
+            for rank, (seq, fingerprint) in persisted.items():
+                self._seq.mark_applied(rank, seq, fingerprint)
+                self._writer.written[rank] = seq
+        elif await self._writer.holds_entries():
+            await self._clear("the index holds this worker's entries without their seqs")
+
     async def _run(self) -> None:
+        await self._resume_from_index()
         while True:
+            if self._repair_at is not None and time.monotonic() >= self._repair_at:
+                await self._repair()
             due = self._catch_up_at
             if due is not None and time.monotonic() >= due:
                 self._catch_up_at = None
@@ -199,18 +271,47 @@ class WorkerSubscription:
             wait_ms = _IDLE_POLL_MS if due is None else max(1, int((due - time.monotonic()) * 1e3))
             try:
                 if not await self._sub.poll(min(wait_ms, _IDLE_POLL_MS)):
+                    self._check_silent()
+                    await self._check_tail()
                     continue
             except zmq.ZMQError as exc:  # socket closed under us: stop quietly
                 log.debug("worker %s SUB socket error: %s", self.worker_id, exc)
                 return
+            self._last_frame_at = time.monotonic()
             for _ in range(_DRAIN_PER_TURN):
                 try:
                     frames = self._shadow.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 await self._on_live(frames)
-            await self._writer.flush()
+            await self._flush()
             await asyncio.sleep(0)
+
+    async def _check_tail(self) -> None:
+        """PUB/SUB has no heartbeat: a frame lost at the end of a burst stays unnoticed
+        until the next frame arrives. After ``tail_check_s`` of silence, ask the replay
+        socket for anything after our last seq (an idle engine answers with nothing)."""
+        every = self._settings.tail_check_s
+        top = self._seq.top_seq
+        if not every or top is None or self.spec.replay_endpoint is None:
+            return
+        now = time.monotonic()
+        if now - max(self._last_frame_at, self._tail_checked_at) < every:
+            return
+        self._tail_checked_at = now
+        self.counters.tail_checks += 1
+        frames = await self._fetch_replay(top + 1, quiet=True)
+        if frames:
+            self.counters.gaps += 1
+            log.warning(
+                "worker %s: %d frame(s) after seq %d were lost at the tail of the stream; replayed",
+                self.worker_id,
+                len(frames),
+                top,
+                extra=self._event("lost_tail", seq=top, frames=len(frames)),
+            )
+            await self._apply_replayed(frames)
+            await self._flush()
 
     async def _catch_up(self) -> None:
         """After a (re)connect: fetch what was published while we were not subscribed,
@@ -228,32 +329,45 @@ class WorkerSubscription:
         got = await self._fetch_replay(top, quiet=True)
         if got is None:
             return
-        same = bool(got) and got[0].seq == top and hash(got[0].payload) == fingerprint
+        same = bool(got) and got[0].seq == top and zlib.crc32(got[0].payload) == fingerprint
         if same:
             await self._apply_replayed(got)
-            await self._writer.flush()
+            await self._flush()
             return
+        if got and got[0].seq > top:
+            # Its buffer starts after our last seq: it moved past its buffer while we
+            # were away (or restarted and got further); either way history is missing.
+            why, event = f"the publisher's buffer now starts at seq {got[0].seq}", "replay_overrun"
+        else:  # nothing at our seq, or other bytes there: a new publisher process
+            why, event = "the publisher restarted while we were away", "publisher_restarted"
         log.warning(
-            "worker %s: the publisher's history no longer matches seq %d (restarted while "
-            "we were away); resyncing",
+            "worker %s: history after seq %d is not available (%s); resyncing",
             self.worker_id,
             top,
-            extra=self._event("publisher_restarted", seq=top),
+            why,
+            extra=self._event(event, seq=top),
         )
         self._seq.forget_live()
-        await self._recover(start=0, clear_first=True)
+        await self._recover(start=0, clear_first=True, why=why)
 
     async def _on_live(self, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
             self._decode_error(f"expected 3 frames [topic, seq(8B), payload], got {len(frames)}")
             return
         seq = int.from_bytes(frames[1], "big")
-        batch = self._decode(frames[2], seq)
+        scratch = DecodeStats()  # counted unless a replay already applied this frame
+        batch = self._decode(frames[2], seq, scratch)
         if batch is None:
+            if self.spec.replay_endpoint is not None:
+                # Corrupted in transit? The publisher's buffer holds its own copy: fetch
+                # from this seq (a copy that is bad there too stays skipped, counted).
+                await self._recover(start=seq, quiet=True)
             return
         rank = batch.data_parallel_rank or 0
         decision = self._seq.observe_live(rank, seq)
         verdict = decision.verdict
+        if verdict is not Verdict.DUPLICATE:
+            self.decode_stats.add(scratch)
         if verdict is Verdict.APPLY:
             await self._apply(seq, batch, frames[2])
         elif verdict is Verdict.DUPLICATE:
@@ -284,6 +398,7 @@ class WorkerSubscription:
             )
             if self.spec.replay_endpoint is None:
                 await self._clear("gap and no replay endpoint")
+                self.partial_history = True
             else:
                 await self._recover(start=decision.start, clear_on_miss=True)
             await self._apply_if_new(seq, batch, frames[2])
@@ -303,6 +418,7 @@ class WorkerSubscription:
         clear_on_miss: bool = False,
         clear_first: bool = False,
         quiet: bool = False,
+        why: str = "publisher restarted",
     ) -> None:
         """Replay from ``start`` and apply what it returns exactly once.
 
@@ -312,13 +428,17 @@ class WorkerSubscription:
         self.syncing = not quiet  # a catch-up after connecting is not a resync
         try:
             if clear_first:
-                await self._clear("publisher restarted")
+                await self._clear(why)
             frames = await self._fetch_replay(start, quiet=quiet) or []
             if clear_on_miss and (not frames or frames[0].seq > start):
                 first = frames[0].seq if frames else None
                 await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
+                clear_first = True
+            if clear_first:
+                # Rebuilt from the buffer: complete only if it reaches back to seq 0.
+                self.partial_history = bool(frames) and frames[0].seq > 0
             await self._apply_replayed(frames)
-            await self._writer.flush()
+            await self._flush()
         finally:
             self.syncing = False
 
@@ -349,10 +469,16 @@ class WorkerSubscription:
         return [f for f in frames if f.topic.startswith(prefix)]
 
     async def _apply_replayed(self, frames: list[ReplayFrame]) -> None:
+        """Apply the frames not applied yet; a replay overlaps what was decoded live, so
+        decoder counters count a frame only when it is new (once per seq)."""
         for frame in frames:
-            batch = self._decode(frame.payload, frame.seq)
-            if batch is not None:
-                await self._apply_if_new(frame.seq, batch, frame.payload)
+            scratch = DecodeStats()
+            batch = self._decode(frame.payload, frame.seq, scratch)
+            if batch is None:
+                continue
+            if self._seq.is_new(batch.data_parallel_rank or 0, frame.seq):
+                self.decode_stats.add(scratch)
+            await self._apply_if_new(frame.seq, batch, frame.payload)
 
     async def _clear(self, why: str) -> None:
         log.warning(
@@ -365,6 +491,41 @@ class WorkerSubscription:
         self._seq.forget_applied()
         await self._writer.clear()
 
+    async def _flush(self) -> None:
+        """Write what is staged. A write that failed (not an outage: a bug, a bad
+        backend reply) leaves the index without those batches: the worker is marked
+        ``faulted`` and repaired -- cleared and rebuilt from the publisher's buffer --
+        after a backoff that doubles while repairs fail, so a fault that persists costs
+        a repair every ``_REPAIR_MAX_S`` at most, never a hot loop."""
+        await self._writer.flush()
+        if self._writer.failed:
+            self._writer.failed = False
+            self._fault()
+
+    def _fault(self) -> None:
+        self.faulted = True
+        if self._repair_at is None:
+            self._repair_at = time.monotonic() + self._repair_delay
+            self._repair_delay = min(self._repair_delay * 2, _REPAIR_MAX_S)
+
+    async def _repair(self) -> None:
+        self._repair_at = None
+        await self._clear("an index write failed")
+        if self.spec.replay_endpoint is not None:
+            await self._apply_replayed(await self._fetch_replay(0, quiet=False) or [])
+        await self._writer.flush()
+        if self._writer.failed or self._writer.clear_failed:
+            self._writer.failed = self._writer.clear_failed = False
+            self._fault()
+            return
+        self.faulted = False
+        self._repair_delay = _REPAIR_FIRST_S
+        log.info(
+            "worker %s: repaired after a failed index write",
+            self.worker_id,
+            extra=self._event("worker_repaired"),
+        )
+
     # ------------------------------------------------------------------ apply
     async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
         if not self._seq.is_new(batch.data_parallel_rank or 0, seq):
@@ -375,14 +536,21 @@ class WorkerSubscription:
     async def _apply(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
         """Count ``batch`` as applied (sequencing) and stage it for the index."""
         rank = batch.data_parallel_rank or 0
-        self._seq.mark_applied(rank, seq, hash(payload))
-        await self._writer.stage(rank, seq, batch)
+        if self.partial_history and any(isinstance(e, AllBlocksCleared) for e in batch.events):
+            self.partial_history = False  # the engine started over: nothing is missing
+        fingerprint = zlib.crc32(payload)
+        self._seq.mark_applied(rank, seq, fingerprint)
+        await self._writer.stage(rank, seq, batch, fingerprint)
 
     # ------------------------------------------------------------------ decode
-    def _decode(self, payload: bytes, seq: int) -> KVEventBatch | None:
+    def _decode(
+        self, payload: bytes, seq: int, stats: DecodeStats | None = None
+    ) -> KVEventBatch | None:
         try:
-            return decode_batch(payload, self.decode_stats)
+            return decode_batch(payload, self.decode_stats if stats is None else stats)
         except DecodeError as exc:
+            if self._seq.is_bad(seq):  # bad at the source too: its replayed copy
+                return None
             self._seq.mark_bad(seq)
             self._decode_error(f"seq {seq}: {exc}")
             return None

@@ -3,6 +3,7 @@
 from schemas.decode import DecodeError, DecodeStats, decode_batch
 from schemas.wire import (
     MEDIA,
+    MEDIUM_ALIASES,
     MEDIUM_CPU,
     MEDIUM_GPU,
     MEDIUM_STORAGE,
@@ -16,10 +17,12 @@ from schemas.wire import (
     KVEvent,
     KVEventBatch,
     encode_batch,
+    normalise_medium,
 )
 
 __all__ = [
     "MEDIA",
+    "MEDIUM_ALIASES",
     "MEDIUM_CPU",
     "MEDIUM_GPU",
     "MEDIUM_STORAGE",
@@ -36,4 +39,5 @@ __all__ = [
     "KVEventBatch",
     "decode_batch",
     "encode_batch",
+    "normalise_medium",
 ]

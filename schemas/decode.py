@@ -45,16 +45,24 @@ class DecodeStats:
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def add(self, other: DecodeStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
-# Strict twins of the wire structs: identical fields and tags, but unknown map keys (and
-# trailing batch elements) are an error, so a payload carrying them leaves the fast path
-# and gets counted.
+
+# Strict twins of the wire structs: identical fields (same order, so the same layout) and
+# tags, but unknown map keys (and trailing batch elements) are an error, so a payload
+# carrying them leaves the fast path and gets counted. The nullable fields vLLM always
+# sends may be absent here: SGLang 0.5.20+ encodes with omit_defaults and leaves out
+# ``medium`` and ``lora_name`` when None, which is then exactly what they decode to.
 class _StrictBlockStored(BlockStored, forbid_unknown_fields=True, tag="BlockStored"):
-    pass
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
 
 
 class _StrictBlockRemoved(BlockRemoved, forbid_unknown_fields=True, tag="BlockRemoved"):
-    pass
+    medium: str | None = None
 
 
 class _StrictAllBlocksCleared(AllBlocksCleared, forbid_unknown_fields=True, tag="AllBlocksCleared"):
@@ -110,8 +118,12 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "BlockRemoved": BLOCK_REMOVED_FIELDS,
     "AllBlocksCleared": (),
 }
-# Fields an old engine may leave out of a positional event; filled with None.
-_OPTIONAL_POSITIONAL = {"medium", "lora_name", "lora_id", "parent_block_hash"}
+# Nullable fields an engine may leave out (old positional events; SGLang's maps omit
+# every None field); filled with None.
+_OPTIONAL_FIELDS = {"medium", "lora_name", "lora_id", "parent_block_hash"}
+# SGLang 0.5.18-0.5.19 append a metadata map ``{"cache_salt": ...}`` to a salted
+# positional BlockStored, in the slot vLLM's positional form uses for ``lora_name``.
+_SGLANG_METADATA_SLOT = BLOCK_STORED_FIELDS.index("lora_name")
 
 
 def decode_batch(payload: bytes, stats: DecodeStats | None = None) -> KVEventBatch:
@@ -165,6 +177,7 @@ def _normalise_event(item: Any, stats: DecodeStats) -> KVCacheEvent | None:
         known = set(cls.__struct_fields__)
         data = {k: v for k, v in item.items() if k in known}
         stats.unknown_fields += len(item) - 1 - len(data)
+        _fill_optional(cls, data)
     elif isinstance(item, list) and item and isinstance(item[0], str):
         tag = item[0]
         names = _POSITIONAL.get(tag)
@@ -173,16 +186,22 @@ def _normalise_event(item: Any, stats: DecodeStats) -> KVCacheEvent | None:
             return None
         cls = _MAP_TYPES[tag]
         stats.legacy_events += 1
-        values = item[1:]
+        values = list(item[1:])
+        metadata = None
+        if (
+            cls is BlockStored
+            and len(values) > _SGLANG_METADATA_SLOT
+            and isinstance(values[_SGLANG_METADATA_SLOT], dict)
+        ):
+            metadata = values.pop(_SGLANG_METADATA_SLOT)
+            values[_SGLANG_METADATA_SLOT:] = []  # nothing follows it in SGLang's form
         if len(values) > len(names):
             stats.unknown_fields += len(values) - len(names)
         data = dict(zip(names, values, strict=False))
-        required = [
-            f for f, d in zip(cls.__struct_fields__, _defaults(cls), strict=True) if d is _NODEFAULT
-        ]
-        for name in required:
-            if name not in data and name in _OPTIONAL_POSITIONAL:
-                data[name] = None
+        if metadata is not None:
+            data["cache_salt"] = metadata.get("cache_salt")
+            stats.unknown_fields += sum(1 for k in metadata if k != "cache_salt")
+        _fill_optional(cls, data)
     else:
         stats.malformed_events += 1
         return None
@@ -194,6 +213,12 @@ def _normalise_event(item: Any, stats: DecodeStats) -> KVCacheEvent | None:
 
 
 _NODEFAULT = object()
+
+
+def _fill_optional(cls: type[msgspec.Struct], data: dict[str, Any]) -> None:
+    for name, default in zip(cls.__struct_fields__, _defaults(cls), strict=True):
+        if default is _NODEFAULT and name not in data and name in _OPTIONAL_FIELDS:
+            data[name] = None
 
 
 def _defaults(cls: type[msgspec.Struct]) -> list[Any]:

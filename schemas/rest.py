@@ -35,6 +35,16 @@ class WorkerCreate(BaseModel):
     http_endpoint: str | None = Field(
         default=None, description="engine HTTP base URL returned by /v1/route"
     )
+    hash_block_size: int | None = Field(
+        default=None, ge=1, description="vLLM's hash_block_size (default: learned)"
+    )
+    bind: bool = Field(
+        default=False, description="bind the SUB at endpoint; the engine connects to it"
+    )
+    eagle: bool = Field(default=False, description="the engine runs EAGLE/MTP drafting")
+    partial_hash_hits: bool = Field(
+        default=False, description="hits align to the hash unit (mamba align mode)"
+    )
 
 
 class GroupInfo(BaseModel):
@@ -58,6 +68,13 @@ class WorkerInfo(BaseModel):
     gaps: int = 0
     replays: int = 0
     resyncs: int = 0
+    silent: bool = Field(
+        default=False, description="no batch yet, silent_after_s after registration"
+    )
+    faulted: bool = Field(
+        default=False,
+        description="an index write failed; the worker is being rebuilt from its publisher",
+    )
     groups: dict[int, GroupInfo] = Field(default_factory=dict)
 
 
@@ -72,6 +89,10 @@ class ScoreRequest(BaseModel):
     lora_name: str | None = None
     cache_salt: str | None = None
     workers: list[str] | None = None
+    skip_prefix_cache: bool = Field(
+        default=False,
+        description="the request skips reading the prefix cache (e.g. prompt logprobs): 0",
+    )
 
 
 class GroupScore(BaseModel):

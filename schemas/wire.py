@@ -7,8 +7,10 @@ Field order and struct options mirror vLLM 0.33's ``vllm.distributed.kv_events``
 * each event is a **map** tagged with ``"type"``; the seven historical BlockStored fields
   are always present (even when None), later fields are omitted when None.
 
-Older vLLM and SGLang send events as positional arrays ``[tag, field0, field1, ...]``;
-``schemas.decode`` accepts both.
+Older vLLM and SGLang (0.5.2-0.5.19) send events as positional arrays
+``[tag, field0, field1, ...]``; SGLang 0.5.20+ sends tagged maps that leave out every
+None field (``medium`` and ``lora_name`` included). ``schemas.decode`` accepts all of
+them; see docs/sglang.md for SGLang's fields and media.
 """
 
 from __future__ import annotations
@@ -25,6 +27,29 @@ MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 MEDIA = (MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE)
+
+# Other engines' medium names -> the tier with the same semantics. SGLang 0.5.x:
+# "CPU_PINNED" is its host (L2) tier; "DISK" (L3, local SSD) and "EXTERNAL" (L4, a shared
+# or remote pool such as Mooncake) both hold blocks that must be loaded before use, which
+# is what STORAGE means here. Events keep the engine's own string (lossless decode); the
+# router maps it with ``normalise_medium`` wherever it needs a tier.
+MEDIUM_ALIASES: dict[str, str] = {
+    MEDIUM_GPU: MEDIUM_GPU,
+    MEDIUM_CPU: MEDIUM_CPU,
+    MEDIUM_STORAGE: MEDIUM_STORAGE,
+    "CPU_PINNED": MEDIUM_CPU,
+    "DISK": MEDIUM_STORAGE,
+    "EXTERNAL": MEDIUM_STORAGE,
+}
+
+
+def normalise_medium(medium: str | None) -> str | None:
+    """The tier of an event's ``medium`` (None -> GPU, the engines' default); None when
+    the name is unknown."""
+    if medium is None:
+        return MEDIUM_GPU
+    return MEDIUM_ALIASES.get(medium)
+
 
 # ZMQ framing around the batches (DESIGN §2): a replay answer ends with the marker
 # ``[b"", b"", REPLAY_END_SEQ, b""]``, seq -1 as 8 signed big-endian bytes.
@@ -60,7 +85,10 @@ class BlockStored(KVCacheEvent):
     locality: str | None = None
     ownership: str | None = None
     session_id: str | None = None
-    lookahead_token_ids: list[int] | None = None
+    # vLLM 0.33: one list of lookahead tokens per block.
+    lookahead_token_ids: list[list[int]] | None = None
+    # SGLang 0.5.20+: the salt that seeded the chain (vLLM puts it in extra_keys).
+    cache_salt: str | None = None
 
 
 class BlockRemoved(KVCacheEvent):

@@ -45,7 +45,14 @@ def container_ports(service: str) -> set[int]:
 
 
 def host_ports() -> list[int]:
-    return [int(str(p).split(":")[0]) for s in SERVICES.values() for p in s.get("ports", [])]
+    """Host ports; every one is bound to loopback (``127.0.0.1:HOST:CONTAINER``)."""
+    out = []
+    for svc in SERVICES.values():
+        for p in svc.get("ports", []):
+            ip, host, _ = str(p).split(":")
+            assert ip == "127.0.0.1", p
+            out.append(int(host))
+    return out
 
 
 def port_of(endpoint: str) -> int:
@@ -53,7 +60,8 @@ def port_of(endpoint: str) -> int:
 
 
 def test_services_and_image() -> None:
-    assert set(SERVICES) == {"redis", "router", *ENGINES} and len(ENGINES) == 3
+    assert set(SERVICES) == {"redis", "router", "loadgen", "prometheus", "grafana", *ENGINES}
+    assert len(ENGINES) == 3
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "FROM python:3.11-slim" in dockerfile.splitlines()
     assert "-c constraints.txt" in dockerfile and "'.[engine]'" in dockerfile

@@ -24,6 +24,7 @@ from router.api import health, scoring, workers
 from router.api.deps import ApiError
 from router.config import RouterSettings
 from router.index import IndexUnavailable
+from router.proxy import install as install_proxy
 from router.service import RouterService, UnknownWorker
 
 log = logging.getLogger(__name__)
@@ -172,4 +173,6 @@ def create_app(
     app.include_router(workers.router)
     app.include_router(scoring.router)
     app.state.extensions = _install_extensions(app, svc)
+    if hasattr(svc, "routing"):  # the proxy routes with the routing extension's core
+        install_proxy(app, svc)
     return app

@@ -112,7 +112,11 @@ async def route(
     if body.workers == [] or (body.workers is None and not service.worker_ids()):
         raise ApiError(503, "no_workers", "no workers are registered to route to")
     scores = await service.score_result(
-        body.token_ids, body.workers, lora_name=body.lora_name, cache_salt=body.cache_salt
+        body.token_ids,
+        body.workers,
+        lora_name=body.lora_name,
+        cache_salt=body.cache_salt,
+        skip_prefix_cache=body.skip_prefix_cache,
     )
     try:
         decision = core.route(request_id, body.token_ids, scores.workers, policy=policy)

@@ -24,6 +24,7 @@ class ScoreBody(msgspec.Struct, forbid_unknown_fields=True):
     """
 
     token_ids: list[int]
+    skip_prefix_cache: bool = False
     lora_name: str | None = None
     cache_salt: str | None = None
     workers: list[str] | None = None
@@ -82,7 +83,11 @@ async def score(request: Request) -> Response:
     return Response(
         _encoder.encode(
             await service.score_result(
-                body.token_ids, body.workers, lora_name=body.lora_name, cache_salt=body.cache_salt
+                body.token_ids,
+                body.workers,
+                lora_name=body.lora_name,
+                cache_salt=body.cache_salt,
+                skip_prefix_cache=body.skip_prefix_cache,
             )
         ),
         media_type="application/json",

@@ -85,31 +85,84 @@ class ClearOp(NamedTuple):
     """AllBlocksCleared: every entry and map of the worker goes; metadata stays."""
 
 
-Op = StoreOp | RemoveOp | ClearOp
+class SeqOp(NamedTuple):
+    """The ops that follow (up to the next ``SeqOp``) are batch ``seq`` of DP rank
+    ``rank``. A backend applies them only if ``seq`` is newer than the last one it
+    recorded for the rank, and records it with them, atomically. Why: with copies counted,
+    applying a batch twice would double its stores -- a retry, a replay that overlaps, a
+    restarted router resuming from the index, or replicas sharing one index all apply a
+    batch exactly once this way. ``fingerprint`` (crc32 of the payload) lets a restarted
+    router tell the same publisher from a new process that reuses the seq."""
+
+    rank: int
+    seq: int
+    fingerprint: int = 0
+
+
+Op = StoreOp | RemoveOp | ClearOp | SeqOp
 
 
 @dataclass
 class ApplyResult:
-    """What one ``apply`` changed; idempotent repeats are counted apart."""
+    """What one ``apply`` changed.
+
+    ``stored_repeat`` counts stores of a (group, key, medium) already held: another
+    physical copy (vLLM does not de-duplicate), so the entry now has one more copy;
+    ``removed`` counts removals of a held copy (the entry goes with its last copy).
+    """
 
     stored: int = 0
     stored_repeat: int = 0
     removed: int = 0
     removed_missing: int = 0
+    skipped_batches: int = 0  # SeqOp segments already applied (not applied again)
 
     def add(self, other: ApplyResult) -> None:
         self.stored += other.stored
         self.stored_repeat += other.stored_repeat
         self.removed += other.removed
         self.removed_missing += other.removed_missing
+        self.skipped_batches += other.skipped_batches
+
+
+class EngineSettings(msgspec.Struct, frozen=True, array_like=True):
+    """An engine's cache settings that its events do not carry (registration fields).
+
+    ``hash_block_size``: the unit vLLM hashes its one chain at (None: learned as the
+    smallest block size a store shows); ``eagle``: EAGLE/MTP drops the last matched
+    block; ``partial_hash_hits``: hits align to the hash unit instead of the lcm of the
+    groups' block sizes (mamba align with blocks larger than the unit).
+    """
+
+    hash_block_size: int | None = None
+    eagle: bool = False
+    partial_hash_hits: bool = False
+    # Clients send ``kv_cache_report_mode: "full"``: hit prefixes are re-announced, and
+    # chain starts the index already holds are taken for re-announcements, not copies.
+    report_full: bool = False
 
 
 @dataclass
 class WorkerState:
-    """A worker's metadata as persisted in the backend."""
+    """A worker's metadata as persisted in the backend.
+
+    ``hash_unit`` is the unit its block keys are chained at (registered or learned);
+    a group of block size ``k * hash_unit`` keys its block ``i`` by unit key ``(i+1)k-1``.
+    """
 
     groups: dict[int, GroupMeta] = field(default_factory=dict)
     hash_mode: str = "unknown"
+    hash_unit: int | None = None
+    settings: EngineSettings = field(default_factory=EngineSettings)
+
+    def copy(self, groups: dict[int, GroupMeta] | None = None) -> WorkerState:
+        """A copy that shares no mutable dict (optionally with other groups)."""
+        return WorkerState(
+            dict(self.groups if groups is None else groups),
+            self.hash_mode,
+            self.hash_unit,
+            self.settings,
+        )
 
 
 @dataclass
@@ -127,6 +180,8 @@ class WorkerSnapshot:
 
     groups: dict[int, GroupMeta]
     masks: dict[int, bytes]
+    hash_unit: int | None = None
+    settings: EngineSettings = field(default_factory=EngineSettings)
 
 
 class IndexBackend(ABC):
@@ -164,18 +219,25 @@ class IndexBackend(ABC):
 
     @abstractmethod
     async def resolve(
-        self, worker_id: str, block_size: int, hashes: Sequence[EngineHash]
+        self,
+        worker_id: str,
+        block_size: int,
+        hashes: Sequence[EngineHash],
+        *,
+        live_only: bool = False,
     ) -> list[BlockKey | None]:
-        """Map engine hashes to block keys (None where the map does not know the hash)."""
+        """Map engine hashes to block keys (None where the map does not know the hash).
+        ``live_only``: only blocks some group holds now (no mappings of removed blocks)."""
 
     @abstractmethod
     async def apply(
         self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
     ) -> ApplyResult:
         """Apply ``ops`` in order. ``groups`` is the worker's full group metadata (every
-        group an op names must be in it). Store/remove are idempotent per
-        (worker, group, key, medium); a key whose mask drops to 0 is deleted, and its map
-        entry too once no group of that block size holds the key."""
+        group an op names must be in it). Entries count copies per
+        (worker, group, key, medium): a store adds one, a removal takes one, and the
+        medium's bit goes with the last copy; a key whose mask drops to 0 is deleted,
+        and its map entry too once no group of that block size holds the key."""
 
     async def apply_many(
         self, items: Sequence[tuple[str, dict[int, GroupMeta], Sequence[Op]]]
@@ -186,7 +248,11 @@ class IndexBackend(ABC):
 
     @abstractmethod
     async def clear_worker(self, worker_id: str) -> None:
-        """Drop the worker's entries and maps; keep its metadata."""
+        """Drop the worker's entries, maps and applied seqs; keep its metadata."""
+
+    @abstractmethod
+    async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
+        """Per DP rank, the last applied (seq, fingerprint) ``SeqOp`` recorded."""
 
     @abstractmethod
     async def remove_worker(self, worker_id: str) -> None:

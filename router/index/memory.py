@@ -27,6 +27,7 @@ from router.index.base import (
     GroupMeta,
     IndexBackend,
     Op,
+    SeqOp,
     StoreOp,
     WorkerSnapshot,
     WorkerState,
@@ -41,7 +42,17 @@ _INT_BYTES = sys.getsizeof(2**63)
 
 
 class _Worker:
-    __slots__ = ("counts", "entries", "ghosts", "maps", "plan", "slot", "state")
+    __slots__ = (
+        "copies",
+        "counts",
+        "entries",
+        "ghosts",
+        "maps",
+        "plan",
+        "seqs",
+        "slot",
+        "state",
+    )
 
     def __init__(self, state: WorkerState, slot: int) -> None:
         self.slot = slot
@@ -50,10 +61,15 @@ class _Worker:
         self.ghosts: dict[int, list[dict[EngineHash, BlockKey]]] = {}
         self.counts: dict[int, list[int]] = {}  # group -> blocks per medium
         self.entries: dict[int, int] = {}  # group -> keys held on any medium
+        # (group, medium bit, key) -> copies beyond the first: vLLM keeps duplicates,
+        # and an entry stays hittable until its last copy is removed. Only keys with
+        # more than one copy are here, so the usual single copy costs nothing.
+        self.copies: dict[tuple[int, int, BlockKey], int] = {}
+        self.seqs: dict[int, tuple[int, int]] = {}  # rank -> last applied (seq, print)
         self.set_state(state)
 
     def set_state(self, state: WorkerState) -> None:
-        self.state = WorkerState(dict(state.groups), state.hash_mode)
+        self.state = state.copy()
         # Full-attention groups first: their prefix bounds what the others need to read.
         order = sorted(state.groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
         self.plan = [(g, m.block_size, m.rule == "full") for g, m in order]
@@ -101,7 +117,7 @@ class MemoryIndex(IndexBackend):
         w = self._workers.get(worker_id)
         if w is None:
             return None
-        return WorkerState(dict(w.state.groups), w.state.hash_mode)
+        return w.state.copy()
 
     def _worker(self, worker_id: str, state: WorkerState) -> _Worker:
         w = self._workers.get(worker_id)
@@ -121,12 +137,17 @@ class MemoryIndex(IndexBackend):
         return sorted(self._workers)
 
     async def resolve(
-        self, worker_id: str, block_size: int, hashes: Sequence[EngineHash]
+        self,
+        worker_id: str,
+        block_size: int,
+        hashes: Sequence[EngineHash],
+        *,
+        live_only: bool = False,
     ) -> list[BlockKey | None]:
         w = self._workers.get(worker_id)
         emap = w.maps.get(block_size) if w is not None else None
         out = list(map(emap.get, hashes)) if emap else [None] * len(hashes)
-        ghosts = w.ghosts.get(block_size) if w is not None else None
+        ghosts = w.ghosts.get(block_size) if w is not None and not live_only else None
         if ghosts and None in out:
             new, old = ghosts
             out = [
@@ -140,11 +161,23 @@ class MemoryIndex(IndexBackend):
     ) -> ApplyResult:
         w = self._worker(worker_id, WorkerState(dict(groups)))
         if w.state.groups != groups:
-            w.set_state(WorkerState(dict(groups), w.state.hash_mode))
+            w.set_state(w.state.copy(groups))
+        copies = w.copies
         shift = 8 * w.slot
         own = 0xFF << shift
         res = ApplyResult()
+        skip = False
         for op in ops:
+            if isinstance(op, SeqOp):
+                last = w.seqs.get(op.rank)
+                skip = last is not None and op.seq <= last[0]
+                if skip:
+                    res.skipped_batches += 1
+                else:
+                    w.seqs[op.rank] = (op.seq, op.fingerprint)
+                continue
+            if skip:
+                continue
             if isinstance(op, ClearOp):
                 self._clear(w)
                 continue
@@ -164,6 +197,7 @@ class MemoryIndex(IndexBackend):
             new = fresh = 0
             if isinstance(op, StoreOp):
                 setdefault = emap.setdefault
+                bit = op.medium_bit
                 for h, k in zip(op.hashes, op.keys, strict=True):
                     k = setdefault(h, k)
                     v = get(k, 0)
@@ -172,6 +206,9 @@ class MemoryIndex(IndexBackend):
                             fresh += 1
                         t[k] = v | b
                         new += 1
+                    else:  # another physical copy of a block already held
+                        c = (g, bit, k)
+                        copies[c] = copies.get(c, 0) + 1
                 res.stored += new
                 res.stored_repeat += len(op.hashes) - new
                 counts[_BIT_SLOT[op.medium_bit]] += new
@@ -182,12 +219,24 @@ class MemoryIndex(IndexBackend):
                 for g2, m2 in groups.items()
                 if g2 != g and m2.block_size == bs
             ]
+            bit = op.medium_bit
+            dropped = 0  # copies removed while the block stays
             for h in op.hashes:
                 k = emap.get(h)
                 v = 0 if k is None else get(k, 0)
                 if not v & b:
                     continue
                 new += 1
+                if copies:
+                    c = (g, bit, k)
+                    extra = copies.get(c)
+                    if extra:  # one copy goes, the block stays cached
+                        if extra > 1:
+                            copies[c] = extra - 1
+                        else:
+                            del copies[c]
+                        dropped += 1
+                        continue
                 v ^= b
                 if v:
                     t[k] = v
@@ -200,7 +249,7 @@ class MemoryIndex(IndexBackend):
                         self._ghost(w, bs, h, k)
             res.removed += new
             res.removed_missing += len(op.hashes) - new
-            counts[_BIT_SLOT[op.medium_bit]] -= new
+            counts[_BIT_SLOT[op.medium_bit]] -= new - dropped
             w.entries[g] = w.entries.get(g, 0) - fresh
         return res
 
@@ -234,11 +283,17 @@ class MemoryIndex(IndexBackend):
         w.ghosts.clear()
         w.counts.clear()
         w.entries.clear()
+        w.copies.clear()
 
     async def clear_worker(self, worker_id: str) -> None:
         w = self._workers.get(worker_id)
         if w is not None:
             self._clear(w)
+            w.seqs.clear()
+
+    async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
+        w = self._workers.get(worker_id)
+        return dict(w.seqs) if w is not None else {}
 
     async def remove_worker(self, worker_id: str) -> None:
         w = self._workers.pop(worker_id, None)
@@ -272,7 +327,11 @@ class MemoryIndex(IndexBackend):
         found = []
         for wid in worker_ids:
             w = self._workers.get(wid)
-            out[wid] = None if w is None else WorkerSnapshot(dict(w.state.groups), {})
+            out[wid] = (
+                None
+                if w is None
+                else WorkerSnapshot(dict(w.state.groups), {}, w.state.hash_unit, w.state.settings)
+            )
             if w is not None:
                 found.append((wid, w))
         bound: dict[str, int] = {}  # tokens: each worker's shortest full-attention prefix

@@ -33,10 +33,12 @@ from router.index.base import (
     BlockKey,
     ClearOp,
     EngineHash,
+    EngineSettings,
     GroupMeta,
     IndexBackend,
     IndexUnavailable,
     Op,
+    SeqOp,
     StoreOp,
     WorkerSnapshot,
     WorkerState,
@@ -53,6 +55,11 @@ _OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack
 class _State(msgspec.Struct, array_like=True):
     hash_mode: str
     groups: dict[int, GroupMeta]
+    hash_unit: int | None = None
+    settings: EngineSettings = EngineSettings()
+
+    def worker_state(self) -> WorkerState:
+        return WorkerState(dict(self.groups), self.hash_mode, self.hash_unit, self.settings)
 
 
 _state_enc = msgspec.msgpack.Encoder()
@@ -225,11 +232,12 @@ class RedisIndex(IndexBackend):
         raw = await self._call(lambda: self._r.hget(worker_prefix(worker_id) + "meta", "state"))
         if raw is None:
             return None
-        st = _state_dec.decode(raw)
-        return WorkerState(dict(st.groups), st.hash_mode)
+        return _state_dec.decode(raw).worker_state()
 
     async def save_worker(self, worker_id: str, state: WorkerState) -> None:
-        blob = _state_enc.encode(_State(state.hash_mode, state.groups))
+        blob = _state_enc.encode(
+            _State(state.hash_mode, state.groups, state.hash_unit, state.settings)
+        )
         meta = worker_prefix(worker_id) + "meta"
 
         async def run() -> None:
@@ -245,8 +253,18 @@ class RedisIndex(IndexBackend):
         return sorted(m.decode() for m in members)
 
     async def resolve(
-        self, worker_id: str, block_size: int, hashes: Sequence[EngineHash]
+        self,
+        worker_id: str,
+        block_size: int,
+        hashes: Sequence[EngineHash],
+        *,
+        live_only: bool = False,
     ) -> list[BlockKey | None]:
+        if live_only:  # the server's map only: the local cache may hold removed blocks
+            name = f"{worker_prefix(worker_id)}e:{block_size}"
+            fields_ = [encode_hash(h) for h in hashes]
+            got = await self._call(lambda: self._r.hmget(name, fields_))
+            return [int.from_bytes(v, "big") if v else None for v in got]
         cache = self._cache.get((worker_id, block_size), {})
         out = [cache.get(h) for h in hashes]
         misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
@@ -301,6 +319,9 @@ class RedisIndex(IndexBackend):
         prefix = worker_prefix(worker_id)
         args: list[Any] = [prefix, self._ghost_cap]
         for op in ops:
+            if isinstance(op, SeqOp):
+                args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
+                continue
             if isinstance(op, ClearOp):
                 args.append(b"3")
                 self._forget(worker_id)
@@ -331,6 +352,15 @@ class RedisIndex(IndexBackend):
         self._forget(worker_id)
         prefix = worker_prefix(worker_id)
         await self._eval("APPLY", [prefix + "keys"], [prefix, self._ghost_cap, b"3"])
+        await self._call(lambda: self._r.unlink(prefix + "s"))
+
+    async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
+        raw = await self._call(lambda: self._r.hgetall(worker_prefix(worker_id) + "s"))
+        out: dict[int, tuple[int, int]] = {}
+        for rank, value in raw.items():
+            seq, _, fp = value.partition(b":")
+            out[int(rank)] = (int(seq), int(fp or 0))
+        return out
 
     async def remove_worker(self, worker_id: str) -> None:
         await self.clear_worker(worker_id)
@@ -392,5 +422,5 @@ class RedisIndex(IndexBackend):
                 continue
             st = _state_dec.decode(reply[0])
             masks = {int(reply[i]): bytes(reply[i + 1]) for i in range(1, len(reply), 2)}
-            out[w] = WorkerSnapshot(dict(st.groups), masks)
+            out[w] = WorkerSnapshot(dict(st.groups), masks, st.hash_unit, st.settings)
         return out

@@ -7,9 +7,11 @@ their key names from the worker prefix (same slot, same node).
 Layout of one worker ``P = kvroute:{w:<id>}:``:
 ``P..'meta'`` hash {state: msgpack metadata, plan: "g,bs,full;..."} ·
 ``P..'g:'..g`` hash key(8 bytes) -> media mask · ``P..'n:'..g`` hash bit -> block count ·
-``P..'e:'..bs`` hash engine hash -> key · ``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings
-of blocks gone from every tier (newer / older generation) · ``P..'keys'`` set of the data
-key names above
+``P..'c:'..g`` hash key..bit -> copies beyond the first (vLLM keeps duplicates) ·
+``P..'e:'..bs`` hash engine hash -> key · ``P..'s'`` hash rank -> "seq:fingerprint" of the
+last applied batch (not in the key set: an in-stream clear keeps it) ·
+``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings of blocks gone from every tier (newer /
+older generation) · ``P..'keys'`` set of the data key names above
 (the reverse structure: clearing or deleting a worker unlinks exactly these).
 """
 
@@ -20,12 +22,13 @@ from __future__ import annotations
 #   "1 group bs bit n hw nsib sib..." (store), then hashes, then keys
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
 #   "3" (clear)
+#   "4 rank seq fingerprint" (a batch boundary: skip to the next one if seq is not new)
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
 # arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
 # HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
 # One header instead of a field per argument: the client encodes each argument in
 # Python, and ~9 per op was a measurable share of the router's ingest CPU.
-# Returns {stored, stored_repeat, removed, removed_missing}.
+# Returns {stored, stored_repeat, removed, removed_missing, skipped_batches}.
 APPLY = r"""
 local P = ARGV[1]
 local CAP = tonumber(ARGV[2])
@@ -38,12 +41,31 @@ local function split(blob, w, n)
 end
 local i = 3
 local nargs = #ARGV
+local S = P .. 's'
+local skip, skipped = false, 0
 while i <= nargs do
   local hdr = {}
-  for x in string.gmatch(ARGV[i], '%d+') do hdr[#hdr + 1] = x end
+  for x in string.gmatch(ARGV[i], '-?%d+') do hdr[#hdr + 1] = x end
   i = i + 1
   local op = hdr[1]
-  if op == '3' then
+  if op == '4' then
+    -- A batch boundary: apply what follows only if this seq is new for the rank.
+    local cur = redis.call('HGET', S, hdr[2])
+    local last = nil
+    if cur then last = tonumber(string.match(cur, '^(-?%d+)')) end
+    skip = last ~= nil and tonumber(hdr[3]) <= last
+    if skip then
+      skipped = skipped + 1
+    else
+      redis.call('HSET', S, hdr[2], hdr[3] .. ':' .. hdr[4])
+    end
+  elseif skip then
+    -- Consume the skipped op's arguments without running it.
+    if op == '1' or op == '2' then
+      local n, hw = tonumber(hdr[5]), tonumber(hdr[6])
+      i = i + (hw > 0 and 1 or n) + (op == '1' and 1 or 0)
+    end
+  elseif op == '3' then
     local names = redis.call('SMEMBERS', REV)
     for _, name in ipairs(names) do redis.call('UNLINK', name) end
     redis.call('DEL', REV)
@@ -62,6 +84,7 @@ while i <= nargs do
       i = i + n
     end
     local G, N, E = P .. 'g:' .. g, P .. 'n:' .. g, P .. 'e:' .. bs
+    local CB = string.char(b)
     local changed = 0
     if op == '1' then
       local ks = split(ARGV[i], 8, n)
@@ -83,7 +106,7 @@ while i <= nargs do
       end
       if #newmap > 0 then redis.call('HSET', E, unpack(newmap)) end
       local ms = redis.call('HMGET', G, unpack(ks))
-      local cur, upd = {}, {}
+      local cur, upd, dup = {}, {}, {}
       for j = 1, n do
         local k = ks[j]
         local m = cur[k] or tonumber(ms[j] or '0')
@@ -92,14 +115,22 @@ while i <= nargs do
           upd[#upd + 1] = k
           upd[#upd + 1] = m
           changed = changed + 1
+        else
+          dup[#dup + 1] = k .. CB
         end
         cur[k] = m
       end
       if #upd > 0 then redis.call('HSET', G, unpack(upd)) end
+      if #dup > 0 then
+        local C = P .. 'c:' .. g
+        redis.call('SADD', REV, C)
+        for _, f in ipairs(dup) do redis.call('HINCRBY', C, f, 1) end
+      end
       stored = stored + changed
       repeat_ = repeat_ + n - changed
       if changed > 0 then redis.call('HINCRBY', N, b, changed) end
     else
+      local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
       local ks = redis.call('HMGET', E, unpack(hs))
       local kl = {}
       for j = 1, n do if ks[j] then kl[#kl + 1] = ks[j] end end
@@ -112,16 +143,41 @@ while i <= nargs do
             order[#order + 1] = kl[j]
           end
         end
-        local owner = {}  -- key -> engine hash, for map clean-up
+        -- Copies beyond the first (vLLM keeps duplicates): a removal takes one copy,
+        -- and the medium's bit goes only with the last.
+        local C = P .. 'c:' .. g
+        local extra = {}
+        if redis.call('EXISTS', C) == 1 then
+          local cf = {}
+          for j = 1, #order do cf[j] = order[j] .. CB end
+          local cv = redis.call('HMGET', C, unpack(cf))
+          for j = 1, #order do
+            if cv[j] then extra[order[j]] = tonumber(cv[j]) end
+          end
+        end
+        local touched = {}
         for j = 1, n do
           local k = ks[j]
           if k then
             local m = cur[k]
             if bit.band(m, b) ~= 0 then
-              cur[k] = m - b
-              owner[k] = hs[j]
+              local e = extra[k]
+              if e and e > 0 then
+                extra[k] = e - 1
+                touched[k] = true
+              else
+                cur[k] = m - b
+                owner[k] = hs[j]
+              end
               changed = changed + 1
             end
+          end
+        end
+        for k, _ in pairs(touched) do
+          if extra[k] > 0 then
+            redis.call('HSET', C, k .. CB, extra[k])
+          else
+            redis.call('HDEL', C, k .. CB)
           end
         end
         local upd, gone = {}, {}
@@ -176,11 +232,13 @@ while i <= nargs do
       end
       removed = removed + changed
       missing = missing + n - changed
-      if changed > 0 then redis.call('HINCRBY', N, b, -changed) end
+      local gone_bits = 0
+      for _, _ in pairs(owner) do gone_bits = gone_bits + 1 end
+      if gone_bits > 0 then redis.call('HINCRBY', N, b, -gone_bits) end
     end
   end
 end
-return {stored, repeat_, removed, missing}
+return {stored, repeat_, removed, missing, skipped}
 """
 
 # KEYS[1] = P..'meta'. ARGV[1] = P, then pairs (block size, concatenated 8-byte keys).
@@ -198,7 +256,7 @@ for a = 2, #ARGV, 2 do blobs[ARGV[a]] = ARGV[a + 1] end
 local out = {state}
 local bound = -1
 local CH = 128
-for g, bs, full in string.gmatch(plan, '(%d+),(%d+),(%d)') do
+for g, bs, full in string.gmatch(plan, '(-?%d+),(%d+),(%d)') do
   local blob = blobs[bs]
   if blob then
     local size = tonumber(bs)

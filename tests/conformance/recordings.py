@@ -81,6 +81,7 @@ class KvrouteUnderTest:
         self.ingestor = Ingestor(index)
         self.scorer = Scorer(index)
         self.decode_stats = DecodeStats()
+        self.report_full = False
         params = inspect.signature(self.scorer.score_result).parameters
         self._score_has_skip = "skip_prefix_cache" in params
 
@@ -98,6 +99,7 @@ class KvrouteUnderTest:
             "hash_block_size": worker["hash_block_size"],
             "eagle": worker["eagle"],
             "partial_hash_hits": worker["partial_hash_hits"],
+            "report_full": self.report_full,
         }
         await configure(wid, EngineSettings(**{k: v for k, v in wanted.items() if k in names}))
 
@@ -141,6 +143,8 @@ class Outcome:
 
 async def replay(rec: Recording, kv: KvrouteUnderTest, keep: int = 8) -> Outcome:
     """Feed ``rec`` through ``kv``; compare at every probe."""
+    # What the operator knows and registers: whether clients ask for full reports.
+    kv.report_full = any(s["op"] == "action" and s["action"].get("report_full") for s in rec.steps)
     for rank in range(rec.dp_ranks):
         await kv.configure(worker_id(rank), rec.worker)
     out = Outcome(rec.name)

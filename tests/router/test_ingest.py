@@ -93,11 +93,14 @@ async def test_learning_defaults_and_group_changes() -> None:
     await h.feed("w", zero)
     assert h.ingestor.counters.bad_events == 0
     assert h.ingestor.counters.blocks_stored_repeat == 4
-    # A new block size behind the same worker: a different model, the old keys are void.
+    # A larger block size in the group: keys stay chained at the hash unit (16), so the
+    # group's blocks grow without a clear (the 32-token blocks end where 16-token blocks
+    # already held end: copies); a new model behind a worker comes with a clear instead.
     await h.feed("w", src.store(toks, 32, 0, 2))
     assert h.ingestor.counters.group_changes == 1
+    assert h.ingestor.counters.worker_clears == 0
     groups = await h.ingestor.worker_groups("w")
-    assert groups[0].block_size == 32 and groups[0].blocks_by_medium == {"GPU": 2}
+    assert groups[0].block_size == 32 and groups[0].blocks_by_medium == {"GPU": 4}
     assert (await h.one(toks, "w")).hit_tokens == 64
 
 

@@ -355,3 +355,60 @@ def test_tracker_join_restart_duplicates_and_bad_seqs():
     assert verdicts(t, [(0, 2)]) == ["restart"]
     t.forget_applied()
     assert t.is_new(0, 0)
+
+
+async def test_a_frame_corrupted_in_transit_is_replayed_from_the_buffer(
+    service: RouterService, engine: FakeEngine
+):
+    """The publisher's buffer holds the good copy of a frame that arrived undecodable."""
+    sub = await register(service, engine)
+    await engine.publish(batch(store_chain(0)))
+    seq = await engine.publish(batch(store_chain(1)), deliver=False)
+    await engine.pub.send_multipart([engine.topic, seq.to_bytes(8, "big"), b"\xc1garbage"])
+    await applied(sub, seq)
+    assert sub.counters.decode_errors == 1
+    assert [await hits(service, "w0", i) for i in range(2)] == [8, 8]
+    # Later removals apply on top of the repaired state (nothing stale, nothing lost).
+    hashes, _ = chain(1)
+    await engine.publish(batch(removed(hashes[1:])))
+    await applied(sub, seq + 1)
+    assert await hits(service, "w0", 1) == 4
+
+
+async def test_a_frame_lost_at_the_tail_is_fetched_when_the_stream_goes_quiet(
+    engine: FakeEngine,
+):
+    """No later frame would reveal the gap: the idle-time tail check does."""
+    svc = RouterService(RouterSettings(replay_timeout_s=1.0, tail_check_s=0.3))
+    await svc.start()
+    try:
+        sub = await register(svc, engine)
+        await engine.publish(batch(store_chain(0)))
+        await applied(sub, 0)
+        seq = await engine.publish(batch(store_chain(1)), deliver=False)  # lost in transit
+        await applied(sub, seq)
+        assert await hits(svc, "w0", 1) == 8
+        assert sub.counters.tail_checks >= 1 and sub.counters.gaps == 1
+    finally:
+        await svc.stop()
+
+
+async def test_remove_and_register_again_never_interleave(engine: FakeEngine):
+    """Deleting a worker and registering the same id at once: the new subscription's
+    first batch must survive (the old removal deletes only what came before)."""
+    svc = RouterService(RouterSettings(replay_timeout_s=1.0))
+    await svc.start()
+    try:
+        await register(svc, engine)
+        await engine.publish(batch(store_chain(0)))
+        await wait_until(lambda: svc.subscriptions.get("w0").last_seq.get(0) == 0)  # type: ignore[union-attr]
+        await asyncio.gather(
+            svc.remove_worker("w0"), svc.add_worker(WorkerSpec(**engine.spec("w0")))
+        )
+        sub = svc.subscriptions.get("w0")
+        assert sub is not None
+        # The new subscription catches up from the publisher's buffer: chain 0 is back.
+        await wait_until(lambda: sub.last_seq.get(0) == 0, what="catch-up after re-register")
+        assert await hits(svc, "w0", 0) == 8
+    finally:
+        await svc.stop()

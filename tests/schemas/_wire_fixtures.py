@@ -46,10 +46,16 @@ def _jsonish(value: Any) -> Any:
     return value
 
 
+# Our fields vLLM's structs do not have (SGLang's); the manifest lists vLLM's fields.
+NON_VLLM_FIELDS = frozenset({"cache_salt"})
+
+
 def event_to_manifest(event: KVEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"type": type(event).__name__}
     for name in event.__struct_fields__:
         value = getattr(event, name)
+        if name in NON_VLLM_FIELDS and value is None:
+            continue
         if name == "block_hashes":
             out[name] = [hash_to_manifest(h) for h in value]
         elif name == "parent_block_hash":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from _kv_streams import EventSource, Harness, cleared, new_index, tokens
+from _kv_streams import EventSource, Harness, cleared, new_index, tokens, wire
 
 from router.index import make_index
 
@@ -11,7 +13,9 @@ W = "w1"
 BS = 16
 
 
-async def test_store_and_remove_are_idempotent(harness: Harness) -> None:
+async def test_copies_are_counted_and_the_last_copy_removes(harness: Harness) -> None:
+    """vLLM keeps duplicate blocks: each store of a held (group, hash) is one more copy,
+    each BlockRemoved takes one, and the block stays hittable until its last copy goes."""
     src = EventSource()
     toks = tokens(10 * BS + 1)
     await harness.feed(W, src.store(toks, BS, 0, 10))
@@ -20,11 +24,24 @@ async def test_store_and_remove_are_idempotent(harness: Harness) -> None:
     assert (c.blocks_stored, c.blocks_stored_repeat) == (10, 14)
     assert (await harness.one(toks, W)).hit_tokens == 10 * BS
 
+    # Blocks 6-7 have two copies: one removal each leaves them cached.
+    await harness.feed(W, src.remove(toks, BS, [6, 7]))
+    assert (c.blocks_removed, c.blocks_removed_missing) == (2, 0)
+    assert (await harness.one(toks, W)).hit_tokens == 10 * BS
+    assert (await harness.ingestor.worker_groups(W))[0].blocks_by_medium == {"GPU": 10}
+    # The last copies go: the prefix stops at block 6; a third removal finds nothing.
     await harness.feed(W, src.remove(toks, BS, [6, 7]), src.remove(toks, BS, [6, 7]))
-    assert (c.blocks_removed, c.blocks_removed_missing) == (2, 2)
+    assert (c.blocks_removed, c.blocks_removed_missing) == (4, 2)
     assert (await harness.one(toks, W)).hit_tokens == 6 * BS
+    assert (await harness.ingestor.worker_groups(W))[0].blocks_by_medium == {"GPU": 8}
     stats = await harness.index.stats()
     assert stats["entries"] == 8 and stats["workers"] == 1
+    # Blocks 0-3 were stored three times: three removals to forget them.
+    for _ in range(2):
+        await harness.feed(W, src.remove(toks, BS, [0]))
+    assert (await harness.one(toks, W)).hit_tokens == 6 * BS
+    await harness.feed(W, src.remove(toks, BS, [0]))
+    assert (await harness.one(toks, W)).hit_tokens == 0
 
 
 async def test_media_are_tracked_per_block(harness: Harness) -> None:
@@ -361,3 +378,30 @@ async def test_engine_hashes_of_mixed_widths_in_one_op(harness: Harness) -> None
     await harness.feed(W, child)
     assert (await harness.one(toks, W)).hit_tokens == 64
     assert harness.ingestor.counters.unknown_parent == 0
+
+
+async def test_each_published_batch_is_applied_once(make_harness: Any, backend_kind: str) -> None:
+    """With copies counted, applying a batch twice would double its stores: the index
+    records each (rank, seq) with its ops and skips one it has applied. Two replicas on
+    one Redis ingesting the same stream count every copy once."""
+    replicas = [make_harness()] + ([make_harness()] if backend_kind == "redis" else [])
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    store = wire(src.store(toks, BS, 0, 4))
+    remove = wire(src.remove(toks, BS, [3]))
+    for h in replicas:  # both replicas (or a retry) apply seq 0 and seq 1
+        await h.ingestor.apply_batch(W, store, [(0, 0, 0, 11)])
+        await h.ingestor.apply_batch(W, remove, [(0, 0, 1, 12)])
+    first = replicas[0]
+    # One copy of block 3 was stored, one removed: the block is gone.
+    assert (await first.one(toks, W)).hit_tokens == 3 * BS
+    assert await first.index.load_seqs(W) == {0: (1, 12)}
+    skipped = sum(h.ingestor.counters.batches_skipped for h in replicas)
+    assert skipped == 2 * (len(replicas) - 1)
+    await first.ingestor.apply_batch(W, store, [(0, 0, 1, 12)])  # an old seq: skipped
+    assert (await first.one(toks, W)).hit_tokens == 3 * BS
+    # A resync starts over: seqs are forgotten with the entries.
+    await first.ingestor.clear_worker(W)
+    assert await first.index.load_seqs(W) == {}
+    await first.ingestor.apply_batch(W, store, [(0, 0, 0, 11)])
+    assert (await first.one(toks, W)).hit_tokens == 4 * BS

@@ -1,0 +1,39 @@
+"""The OpenAI-compatible proxy on the router's port (docs/proxy.md).
+
+``install(app, service)`` is called by ``router.api.app.create_app`` after the routing
+extension (the proxy routes with its ``RoutingCore``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI
+
+from router.proxy.core import Proxy, ProxyError
+from router.proxy.endpoints import router
+from router.proxy.forward import ProxyMiddleware
+from router.proxy.metrics import ProxyCollector
+from router.service import RouterService
+
+__all__ = ["Proxy", "ProxyError", "install"]
+
+
+def install(app: FastAPI, service: RouterService) -> Proxy:
+    proxy = Proxy(service)
+    # httpx logs every request at INFO: per-request noise and cost on the hot path.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    app.state.proxy = proxy
+    service.proxy = proxy  # type: ignore[attr-defined]  # the dashboard summary reads it
+    app.include_router(router)
+    app.add_middleware(ProxyMiddleware, proxy=proxy)
+    service.metrics.registry.register(ProxyCollector(proxy.counters, proxy.health))
+
+    async def run() -> None:
+        try:
+            await proxy.health.run()
+        finally:
+            await proxy.close()
+
+    service.add_background(run)
+    return proxy

@@ -1,0 +1,166 @@
+"""``Proxy``: the state behind the OpenAI endpoints and the routing glue.
+
+Per request: the candidate workers (serving the model, live), token ids (tokenizer or
+token-id prompt), scores from the index, then ``RoutingCore.route`` - the very decision
+code behind ``/v1/route`` - and ``finish`` when the response ends. A retry routes again
+among the workers not tried yet, so the next-best worker by the policy's cost gets it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from router.config import RouterSettings
+from router.index import IndexUnavailable
+from router.proxy.health import HealthMonitor
+from router.proxy.metrics import ProxyCounters
+from router.proxy.tokenization import TokenizerRegistry, completion_tokens
+from router.routing_state import Decision, RoutingCore
+from router.service import RouterService
+
+log = logging.getLogger(__name__)
+
+
+class ProxyError(Exception):
+    """Answered to the client as ``{"error": {"code", "message"}}`` with ``status``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass(frozen=True, slots=True)
+class _NoScore:
+    """A worker's score when the index cannot answer: routing falls back to load."""
+
+    worker_id: str
+    hit_tokens: int = 0
+    hit_tokens_gpu: int = 0
+    score: float = 0.0
+
+
+def make_client(settings: RouterSettings) -> httpx.AsyncClient:
+    """The one pooled client (HTTP/1.1 keep-alive) every forward and health check uses."""
+    timeout = httpx.Timeout(
+        settings.proxy_timeout_s,
+        connect=settings.proxy_connect_timeout_s,
+        pool=settings.proxy_connect_timeout_s,
+    )
+    limits = httpx.Limits(
+        max_connections=settings.proxy_max_connections,
+        max_keepalive_connections=settings.proxy_max_connections,
+        keepalive_expiry=30.0,
+    )
+    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+
+
+class Proxy:
+    def __init__(self, service: RouterService) -> None:
+        s = service.settings
+        self.service = service
+        self.settings = s
+        self.client = make_client(s)
+        self.tokenizers = TokenizerRegistry(s.tokenizers)
+        self.tokenizers.load_all()  # a bad path fails at start-up, not on a request
+        self.counters = ProxyCounters()
+        self.health = HealthMonitor(
+            service,
+            self.client,
+            interval_s=s.health_interval_s,
+            timeout_s=s.health_timeout_s,
+            failures=s.health_failures,
+            require_events=s.proxy_require_events,
+        )
+
+    @property
+    def core(self) -> RoutingCore:
+        return self.service.routing  # type: ignore[attr-defined, no-any-return]
+
+    # ------------------------------------------------------------------ models
+    def worker_models(self, worker_id: str) -> frozenset[str] | None:
+        """The models a worker serves; None when unknown (it then takes any model)."""
+        spec = self.service.worker_spec(worker_id)
+        if spec.model is not None:
+            return frozenset((spec.model,))
+        h = self.health.workers.get(worker_id)
+        return h.models if h is not None else None
+
+    def models(self) -> list[str]:
+        names: set[str] = set()
+        for w in self.service.worker_ids():
+            names |= self.worker_models(w) or set()
+        return sorted(names)
+
+    def candidates(self, model: str | None) -> list[str]:
+        """Live workers serving ``model``; 404 when none serves it, 503 when none is live."""
+        serving = []
+        for w in self.service.worker_ids():
+            models = self.worker_models(w)
+            if model is None or models is None or model in models:
+                serving.append(w)
+        if not serving:
+            known = ", ".join(self.models()) or "none"
+            raise ProxyError(
+                404, "model_not_found", f"no worker serves model {model!r} (served: {known})"
+            )
+        live = [w for w in serving if self.health.why_not_live(w) is None]
+        if not live:
+            why = "; ".join(f"{w}: {self.health.why_not_live(w)}" for w in serving[:8])
+            raise ProxyError(503, "no_live_workers", f"no live worker for {model!r}: {why}")
+        return live
+
+    # ------------------------------------------------------------------ tokens
+    def tokens(self, body: Mapping[str, Any], chat: bool) -> list[int]:
+        model = body.get("model")
+        tok = self.tokenizers.get(model if isinstance(model, str) else None)
+        if chat:
+            if tok is None:
+                self.counters.untokenized += 1
+                return []
+            return tok.encode_chat(body)
+        ids = completion_tokens(tok, body)
+        if ids is None:
+            self.counters.untokenized += 1
+            return []
+        return ids
+
+    # ------------------------------------------------------------------ routing
+    async def scores(self, tokens: list[int], workers: list[str], body: Mapping[str, Any]) -> list:
+        if not tokens:
+            return [_NoScore(w) for w in workers]
+        lora, salt = body.get("lora_name"), body.get("cache_salt")
+        try:
+            result = await self.service.score_result(
+                tokens,
+                workers,
+                lora_name=lora if isinstance(lora, str) else None,
+                cache_salt=salt if isinstance(salt, str) else None,
+            )
+        except IndexUnavailable:
+            self.counters.index_fallbacks += 1
+            return [_NoScore(w) for w in workers]
+        return list(result.workers)
+
+    def route(self, tokens: list[int], scores: list, policy: str | None = None) -> Decision:
+        decision = self.core.route(uuid.uuid4().hex, tokens, scores, policy=policy)
+        c = self.counters.worker(decision.worker_id)
+        c.routed += 1
+        c.estimated_tokens += decision.hit_tokens
+        return decision
+
+    def finish(self, decision: Decision) -> None:
+        self.core.finish(decision.request_id)
+
+    def endpoint(self, worker_id: str) -> str:
+        url = self.service.worker_spec(worker_id).http_endpoint
+        assert url is not None  # candidates() only returns workers with one
+        return url.rstrip("/")
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,125 @@
+"""The proxy's plain endpoints: ``/v1/models``, ``/tokenize``/``/detokenize`` pass-through,
+and ``/v1/proxy/workers`` (who takes traffic, and why not)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from router.proxy.core import Proxy, ProxyError
+
+router = APIRouter(tags=["openai"])
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def _proxy(request: Request) -> Proxy:
+    return request.app.state.proxy  # type: ignore[no-any-return]
+
+
+@router.get("/v1/models", summary="the union of the models the registered workers serve")
+async def models(request: Request) -> dict[str, Any]:
+    now = int(time.time())
+    return {
+        "object": "list",
+        "data": [
+            {"id": m, "object": "model", "created": now, "owned_by": "kvroute"}
+            for m in _proxy(request).models()
+        ],
+    }
+
+
+@router.get("/v1/proxy/workers", summary="per worker: live or not (and why), routed, accuracy")
+async def proxy_workers(request: Request) -> dict[str, Any]:
+    p = _proxy(request)
+    out = []
+    for w in p.service.worker_ids():
+        h = p.health.health(w)
+        c = p.counters.worker(w)
+        models = p.worker_models(w)
+        out.append(
+            {
+                "worker_id": w,
+                "live": p.health.why_not_live(w) is None,
+                "why_not_live": p.health.why_not_live(w),
+                "http_endpoint": p.service.worker_spec(w).http_endpoint,
+                "models": sorted(models) if models is not None else None,
+                "http_ok": h.http_ok,
+                "health_checks": h.checks,
+                "failed_checks": h.failed_checks,
+                "forward_failures": h.forward_failures,
+                "inflight": p.core.inflight_by_worker().get(w, 0),
+                "routed": c.routed,
+                "upstream_errors": c.upstream_errors,
+                "estimated_hit_tokens": c.estimated_tokens,
+                "cached_tokens": c.cached_tokens,
+                "estimates_compared": c.compared,
+                "estimate_exact_share": p.counters.share(c.recent_exact),
+            }
+        )
+    return {"workers": out}
+
+
+async def _pass_through(request: Request, path: str) -> Response:
+    p = _proxy(request)
+    raw = await request.body()
+    try:
+        body = await request.json()
+    except ValueError:
+        return error_response(400, "invalid_json", "request body is not valid JSON")
+    model = body.get("model") if isinstance(body, dict) else None
+    try:
+        workers = p.candidates(model if isinstance(model, str) else None)
+    except ProxyError as exc:
+        return error_response(exc.status, exc.code, exc.message)
+    # Not a cache decision: the least busy live worker answers.
+    inflight = p.core.inflight_by_worker()
+    for worker in sorted(workers, key=lambda w: inflight.get(w, 0)):
+        try:
+            r = await p.client.post(
+                p.endpoint(worker) + path,
+                content=raw,
+                headers={"content-type": "application/json"},
+            )
+        except httpx.HTTPError:
+            continue
+        return Response(
+            r.content,
+            status_code=r.status_code,
+            media_type=r.headers.get("content-type"),
+            headers={"x-kvroute-worker": worker},
+        )
+    return error_response(502, "upstream_failed", f"no worker answered {path}")
+
+
+@router.post("/tokenize", summary="pass-through to a live worker serving the body's model")
+async def tokenize(request: Request) -> Response:
+    return await _pass_through(request, "/tokenize")
+
+
+@router.post("/detokenize", summary="pass-through to a live worker serving the body's model")
+async def detokenize(request: Request) -> Response:
+    return await _pass_through(request, "/detokenize")
+
+
+@router.post(
+    "/v1/completions",
+    summary="OpenAI completions, routed to the worker with the best cache hit (streaming too)",
+    include_in_schema=True,
+)
+async def completions_doc() -> JSONResponse:  # pragma: no cover - the middleware answers
+    raise AssertionError("served by router.proxy.forward.ProxyMiddleware")
+
+
+@router.post(
+    "/v1/chat/completions",
+    summary="OpenAI chat completions, routed like /v1/completions (chat template applied)",
+)
+async def chat_doc() -> JSONResponse:  # pragma: no cover - the middleware answers
+    raise AssertionError("served by router.proxy.forward.ProxyMiddleware")

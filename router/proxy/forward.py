@@ -1,0 +1,381 @@
+"""``POST /v1/completions`` and ``/v1/chat/completions``: route, forward, stream back.
+
+Pure ASGI (no per-request Request/Response objects) because this is the hot path: the
+router's added latency is what users compare with the Rust routers. The engine's status,
+headers and body pass through unchanged, plus ``x-kvroute-worker`` and
+``x-kvroute-hit-tokens``. An attempt that fails before the engine's first byte (connect
+error, timeout, 5xx) is retried on the next-best worker, up to ``proxy_retries`` times;
+a client that goes away cancels the upstream request (its connection is closed). The
+in-flight count is released however the response ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import msgspec
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from router.policy import POLICY_NAMES
+from router.proxy.core import Proxy, ProxyError
+from router.proxy.tokenization import TokenizationError
+from router.routing_state import Decision
+from router.service import UnknownWorker
+
+log = logging.getLogger(__name__)
+
+PATHS = {b"/v1/completions": False, b"/v1/chat/completions": True}
+_PATHS_STR = {p.decode(): chat for p, chat in PATHS.items()}
+# Hop-by-hop and framing headers: the ASGI server sets its own.
+_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length"})
+_RATE_S = 10.0
+
+
+class _Usage(msgspec.Struct):
+    usage: dict[str, Any] | None = None
+
+
+_usage_decoder = msgspec.json.Decoder(_Usage)
+_body_decoder = msgspec.json.Decoder()
+
+
+def cached_tokens_of(payload: bytes) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of one JSON response/chunk."""
+    try:
+        usage = _usage_decoder.decode(payload).usage
+    except msgspec.DecodeError:
+        return None
+    details = usage.get("prompt_tokens_details") if usage else None
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def cached_tokens_of_stream(tail: bytes) -> int | None:
+    """The same from the last SSE events of a stream (``include_usage``)."""
+    for event in reversed(tail.split(b"\n\n")):
+        data = event.strip()
+        if data.startswith(b"data:") and b'"usage"' in data:
+            value = cached_tokens_of(data[5:].strip())
+            if value is not None:
+                return value
+    return None
+
+
+def _json_error(status: int, code: str, message: str) -> tuple[int, bytes]:
+    return status, msgspec.json.encode({"error": {"code": code, "message": message}})
+
+
+async def _send_json(send: Send, status: int, body: bytes, extra: list | None = None) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send(
+        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Failed(Exception):
+    """An attempt failed before any byte reached the client: try the next worker."""
+
+    def __init__(self, reason: str, connect: bool) -> None:
+        super().__init__(reason)
+        self.connect = connect
+
+
+class ProxyMiddleware:
+    """Answers the two proxied POST paths; everything else goes to the wrapped app."""
+
+    def __init__(self, app: ASGIApp, proxy: Proxy) -> None:
+        self.app = app
+        self.proxy = proxy
+        self.max_body = proxy.settings.max_request_tokens * 12 + (1 << 20)
+        self._last_log = 0.0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chat = _PATHS_STR.get(scope["path"])
+        if chat is None:
+            await self.app(scope, receive, send)
+            return
+        endpoint = "chat" if chat else "completions"
+        outcome = "error"
+        try:
+            outcome = await self._handle(scope, receive, send, chat)
+        except ProxyError as exc:
+            outcome = exc.code
+            await _send_json(send, *_json_error(exc.status, exc.code, exc.message))
+        finally:
+            self.proxy.counters.requests[endpoint, outcome] += 1
+
+    # ------------------------------------------------------------------ request
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body:
+                raise ProxyError(413, "payload_too_large", f"body exceeds {self.max_body} bytes")
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise asyncio.CancelledError
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise ProxyError(413, "payload_too_large", f"body exceeds {self.max_body} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    def _check_key(self, scope: Scope) -> None:
+        s = self.proxy.settings
+        if not s.api_key or not s.api_key_all:
+            return
+        got = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer":
+                    got = token.strip()
+            elif name == b"x-api-key" and got is None:
+                got = value.decode("latin-1")
+        if got is None or not hmac.compare_digest(got.encode(), s.api_key.encode()):
+            raise ProxyError(401, "unauthorized", "send 'Authorization: Bearer KEY'")
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> str:
+        self._check_key(scope)
+        raw = await self._read_body(scope, receive)
+        try:
+            body = _body_decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ProxyError(
+                400, "invalid_json", f"request body is not valid JSON: {exc}"
+            ) from None
+        if not isinstance(body, dict):
+            raise ProxyError(400, "invalid_request", "request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise ProxyError(400, "invalid_request", "'model' (a string) is required")
+        policy = None
+        forward_headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
+        for name, value in scope["headers"]:
+            if name == b"x-kvroute-policy":
+                policy = value.decode("latin-1")
+                if policy not in POLICY_NAMES:
+                    raise ProxyError(
+                        400, "unknown_policy", f"policy {policy!r} not in {POLICY_NAMES}"
+                    )
+            elif name in (b"x-request-id", b"accept") or (
+                name == b"authorization" and not self.proxy.settings.api_key_all
+            ):
+                forward_headers.append((name, value))
+        stream = body.get("stream") is True
+        p = self.proxy
+        workers = p.candidates(model)
+        try:
+            tokens = p.tokens(body, chat)
+        except TokenizationError as exc:
+            raise ProxyError(400, "invalid_request", str(exc)) from None
+        if len(tokens) > p.settings.max_request_tokens:
+            raise ProxyError(
+                413, "prompt_too_long", f"{len(tokens)} prompt tokens exceed the limit"
+            )
+        scores = await p.scores(tokens, workers, body)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        want_usage = (
+            stream
+            and isinstance(body.get("stream_options"), dict)
+            and bool(body["stream_options"].get("include_usage"))
+        )
+        finished = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal finished
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                finished = True
+
+        job = asyncio.create_task(
+            self._forward(
+                tracked, path, raw, forward_headers, tokens, scores, policy, stream, want_usage
+            )
+        )
+        watch = asyncio.create_task(_disconnected(receive))
+        try:
+            done, _ = await asyncio.wait({job, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+        finally:
+            if not watch.done():
+                watch.cancel()
+        if job in done or finished:  # finished: uvicorn reports the end as a disconnect
+            try:
+                return await job
+            except OSError:  # uvicorn's ClientDisconnected from a send
+                return "client_cancelled"
+        job.cancel()  # the client went away: closing the upstream response cancels it there
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await job
+        return "client_cancelled"
+
+    # ------------------------------------------------------------------ forward
+    async def _forward(
+        self,
+        send: Send,
+        path: str,
+        raw: bytes,
+        headers: list[tuple[bytes, bytes]],
+        tokens: list[int],
+        scores: list,
+        policy: str | None,
+        stream: bool,
+        want_usage: bool,
+    ) -> str:
+        p = self.proxy
+        attempts = p.settings.proxy_retries + 1
+        last = "no attempt"
+        while scores and attempts > 0:
+            attempts -= 1
+            decision = p.route(tokens, scores, policy)
+            worker = decision.worker_id
+            try:
+                url = p.endpoint(worker) + path
+                return await self._attempt(send, url, raw, headers, decision, stream, want_usage)
+            except (_Failed, UnknownWorker) as exc:
+                last = f"{worker}: {exc}"
+                c = p.counters.worker(worker)
+                c.upstream_errors += 1
+                c.retried_away += attempts > 0
+                if isinstance(exc, _Failed) and exc.connect:
+                    p.health.forward_failed(worker, str(exc))
+                self._log(f"attempt on {worker} failed before the first byte: {exc}")
+                scores = [s for s in scores if s.worker_id != worker]
+            finally:
+                p.finish(decision)
+        status, body = _json_error(502, "upstream_failed", f"every attempt failed; last: {last}")
+        await _send_json(send, status, body)
+        return "upstream_failed"
+
+    async def _attempt(
+        self,
+        send: Send,
+        url: str,
+        raw: bytes,
+        headers: list[tuple[bytes, bytes]],
+        decision: Decision,
+        stream: bool,
+        want_usage: bool,
+    ) -> str:
+        client = self.proxy.client
+        request = client.build_request("POST", url, content=raw, headers=headers)
+        try:
+            response = await client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
+        except httpx.HTTPError as exc:  # read timeout, reset before the head arrived
+            raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
+        try:
+            if response.status_code >= 500:
+                with contextlib.suppress(httpx.HTTPError):
+                    await response.aread()
+                raise _Failed(f"HTTP {response.status_code}", connect=False)
+            out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROP]
+            out_headers.append((b"x-kvroute-worker", decision.worker_id.encode()))
+            out_headers.append((b"x-kvroute-hit-tokens", b"%d" % decision.hit_tokens))
+            out_headers.append((b"x-kvroute-request-id", decision.request_id.encode()))
+            is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+            if not (stream and is_sse):
+                try:
+                    body = await response.aread()
+                except httpx.HTTPError as exc:  # nothing sent yet: still retryable
+                    raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
+                out_headers.append((b"content-length", b"%d" % len(body)))
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status_code,
+                        "headers": out_headers,
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                if response.status_code == 200:
+                    self._observe(decision, cached_tokens_of(body))
+                return "ok" if response.status_code < 400 else f"http_{response.status_code}"
+            return await self._stream(send, response, out_headers, decision, want_usage)
+        finally:
+            await response.aclose()
+
+    async def _stream(
+        self,
+        send: Send,
+        response: httpx.Response,
+        headers: list[tuple[bytes, bytes]],
+        decision: Decision,
+        want_usage: bool,
+    ) -> str:
+        chunks = response.aiter_raw()
+        try:  # the first chunk before our head: a failure here is still retryable
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = b""
+        except httpx.HTTPError as exc:
+            raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
+        tail = first if want_usage else b""
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        outcome = "ok"
+        try:
+            async for chunk in chunks:
+                if want_usage:
+                    tail = (tail + chunk)[-65536:]
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:  # the engine died mid-stream: tell the client in-band
+            outcome = "upstream_broken"
+            self.proxy.counters.worker(decision.worker_id).upstream_errors += 1
+            err = msgspec.json.encode(
+                {"error": {"code": "upstream_failed", "message": f"stream broken: {exc}"}}
+            )
+            await send(
+                {"type": "http.response.body", "body": b"data: " + err + b"\n\n", "more_body": True}
+            )
+        await send({"type": "http.response.body", "body": b""})
+        if want_usage:
+            self._observe(decision, cached_tokens_of_stream(tail))
+        return outcome
+
+    def _observe(self, decision: Decision, cached: int | None) -> None:
+        if cached is not None:
+            self.proxy.counters.observe_cached(decision.worker_id, decision.hit_tokens, cached)
+        self.proxy.service.recent_routes.append(
+            {
+                "ts": time.time(),
+                "request_id": decision.request_id,
+                "worker_id": decision.worker_id,
+                "hit_tokens": decision.hit_tokens,
+                "request_tokens": decision.request_tokens,
+                "policy": decision.policy,
+                "cached_tokens": cached,
+            }
+        )
+
+    def _log(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= _RATE_S:
+            self._last_log = now
+            log.warning("proxy: %s", message)
+
+
+async def _disconnected(receive: Callable[[], Awaitable[Message]]) -> None:
+    """Returns when the client disconnects (or, after the response, when uvicorn says so)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,152 @@
+"""Real processes for the proxy tests: ``kvroute engine`` children and a ``kvroute serve``
+child in front of them, on free loopback ports. Nothing is faked: the tests talk to the
+router's port with the official ``openai`` client, as a user would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from router.netutil import free_ports
+
+REPO = Path(__file__).resolve().parents[3]
+TOKENIZER = REPO / "router/proxy/data/tiny"
+MODEL = "kvroute-sim"
+START_TIMEOUT_S = 120.0
+
+
+def poll(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Call ``predicate`` until truthy (failing with ``what`` at the deadline)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def stop(proc: subprocess.Popen[bytes] | None, kill: bool = False) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.kill() if kill else proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+@dataclass
+class EngineProc:
+    worker_id: str
+    http: int
+    pub: int
+    replay: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http}"
+
+    def spec(self) -> str:
+        return (
+            f"{self.worker_id}=tcp://127.0.0.1:{self.pub},replay=tcp://127.0.0.1:{self.replay},"
+            f"http={self.url}"
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/stats", timeout=10).json()  # type: ignore[no-any-return]
+
+
+def start_engines(tmp: Path, n: int, *extra: str, prefix: str = "engine") -> list[EngineProc]:
+    ports = free_ports(3 * n)
+    engines = []
+    for i in range(n):
+        e = EngineProc(f"{prefix}-{i}", *ports[3 * i : 3 * i + 3], tmp / f"{prefix}-{i}.log")
+        cmd = [
+            sys.executable, "-m", "router.cli", "engine", "--port", str(e.http),
+            "--worker-id", e.worker_id, "--publish", f"tcp://*:{e.pub}",
+            "--replay", f"tcp://*:{e.replay}", "--gpu-blocks", "512", "--cpu-blocks", "0",
+            "--groups", "full:16", "--tokenizer", str(TOKENIZER), "--log-level", "warning",
+            *extra,
+        ]  # fmt: skip
+        with e.log.open("wb") as log:
+            e.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        engines.append(e)
+    return engines
+
+
+@dataclass
+class RouterProc:
+    url: str
+    log: Path
+    proc: subprocess.Popen[bytes]
+    engines: list[EngineProc] = field(default_factory=list)
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        r = httpx.get(f"{self.url}/v1/proxy/workers", timeout=10)
+        return {w["worker_id"]: w for w in r.json()["workers"]}
+
+    def live(self) -> set[str]:
+        return {w for w, info in self.workers().items() if info["live"]}
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+
+def start_router(tmp: Path, specs: Iterable[str], *extra: str) -> RouterProc:
+    (port,) = free_ports(1)
+    cmd = [
+        sys.executable, "-m", "router.cli", "serve", "--port", str(port),
+        "--tokenizer", str(TOKENIZER), "--health-interval-s", "0.2", "--log-level", "warning",
+        *[a for s in specs for a in ("--worker", s)], *extra,
+    ]  # fmt: skip
+    log = tmp / "router.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    return RouterProc(f"http://127.0.0.1:{port}", log, proc)
+
+
+def wait_live(router: RouterProc, workers: Iterable[str]) -> None:
+    want = set(workers)
+
+    def ready() -> bool:
+        for e in router.engines:
+            if e.proc is not None and e.proc.poll() is not None:
+                raise AssertionError(f"{e.worker_id} exited:\n{e.log.read_text()[-2000:]}")
+        if router.proc.poll() is not None:
+            raise AssertionError(f"router exited:\n{router.log.read_text()[-2000:]}")
+        try:
+            return want <= router.live()
+        except httpx.HTTPError:
+            return False
+
+    poll(ready, f"workers {sorted(want)} live", START_TIMEOUT_S)
+
+
+def fleet(tmp: Path, n: int, *engine_args: str, router_args: Iterable[str] = ()) -> RouterProc:
+    engines = start_engines(tmp, n, *engine_args)
+    router = start_router(tmp, [e.spec() for e in engines], *router_args)
+    router.engines = engines
+    try:
+        wait_live(router, [e.worker_id for e in engines])
+    except BaseException:
+        shutdown(router)
+        raise
+    return router
+
+
+def shutdown(router: RouterProc) -> None:
+    stop(router.proc)
+    for e in router.engines:
+        stop(e.proc)
