@@ -21,7 +21,8 @@ from typing import Any
 
 from offload_core.hashing import block_extra_keys, hash_function, none_hash
 from offload_core.hit_rule import KIND_SLIDING, GroupSpec
-from offload_core.vmanagers import GroupManager, MambaManager, cdiv, manager_for
+from offload_core.vmamba import MambaManager
+from offload_core.vmanagers import GroupManager, SlidingWindowManager, cdiv
 from offload_core.vpool import VBlock, VBlockPool
 from schemas import BlockStored, KVEvent
 
@@ -43,6 +44,8 @@ class VRequest:
     session_id: str | None = None
     num_computed_tokens: int = 0
     shared_prefix_boundary: int = 0
+    skip_prefix_cache: bool = False  # vLLM's skip_reading_prefix_cache
+    report_full: bool = False  # vLLM's kv_cache_report_mode="full": re-announce hits
     block_hashes: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -96,6 +99,15 @@ def replay_boundaries(num_prompt: int, step: int, eagle: bool) -> tuple[int, ...
 def partial_hash_hits(groups: Sequence[GroupSpec], hash_block_size: int) -> bool:
     """vLLM enables sub-block hits iff some mamba group's block exceeds the hash unit."""
     return any(g.rule == "mamba" and g.block_size > hash_block_size for g in groups)
+
+
+def manager_for(spec: GroupSpec, pool: VBlockPool, group_id: int, step: int) -> GroupManager:
+    """The manager class vLLM picks for a group's attention type."""
+    classes: dict[str, type[GroupManager]] = {
+        "sliding": SlidingWindowManager,
+        "mamba": MambaManager,
+    }
+    return classes.get(spec.rule, GroupManager)(spec, pool, group_id, step)
 
 
 @dataclass(slots=True)
@@ -226,9 +238,15 @@ class VKVCacheManager:
         self, req: VRequest, max_hit: int | None = None
     ) -> tuple[list[list[VBlock]], int, int]:
         """What vLLM reuses for ``req``: (blocks, hit tokens, shared-prefix boundary)."""
+        if req.skip_prefix_cache:
+            return [[] for _ in self.groups], 0, 0
         if max_hit is None:
             max_hit = req.num_tokens - 1
         blocks, hit, uncached = self.find_longest_cache_hit(req.block_hashes, max_hit)
+        if hit > 0 and req.report_full:
+            for g, got in enumerate(blocks):
+                if got:
+                    self.pool.emit_cached(req, len(got), self.groups[g].block_size, g)
         return blocks, hit, (hit + uncached if uncached else 0)
 
     # ------------------------------------------------------------ allocation

@@ -290,6 +290,25 @@ class VBlockPool:
             )
         return key
 
+    def emit_cached(self, request: VRequestView, n: int, block_size: int, group: int) -> None:
+        """Re-announce a hit's first ``n`` blocks (``kv_cache_report_mode="full"``);
+        changes nothing. Null-padded slots of a sparse hit are announced too, as vLLM
+        does."""
+        if not self.enable_events or n == 0:
+            return
+        hashes = self._view(request.block_hashes, block_size)
+        self._events.append(
+            self._stored(
+                request,
+                [external_hash(hashes[i]) for i in range(n)],
+                None,
+                request.token_ids[: n * block_size],
+                block_size,
+                group,
+                [request.event_extra_keys(i * block_size, (i + 1) * block_size) for i in range(n)],
+            )
+        )
+
     # ------------------------------------------------------------- helpers
     def _view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
         """Hashes at ``block_size`` granularity: the last hash unit of each block."""

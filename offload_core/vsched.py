@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from offload_core.kv_cache import RequestTooLargeError
 from offload_core.vcache import VKVCacheManager, VRequest
-from offload_core.vmanagers import MambaManager, mamba_checkpoint_position
+from offload_core.vmamba import MambaManager
+from offload_core.vmanagers import mamba_checkpoint_position
 
 
 @dataclass(slots=True)
@@ -36,8 +37,7 @@ def mamba_chunk(kv: VKVCacheManager, req: VRequest, num_new: int, start: int) ->
     prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
     if start >= prefill_end:
         return num_new
-    mamba = [m for m in kv.managers if isinstance(m, MambaManager)]
-    block = mamba[0].block_size
+    block = kv.step  # the scheduler's block size: the lcm of the group block sizes
     unit = kv.hash_block_size
     last_cache = mamba_checkpoint_position(req.num_tokens, block, kv.eagle)
     end = start + num_new

@@ -149,6 +149,39 @@ async def test_concurrent_requests_are_serialised(engine: SimEngine, base_url: s
     assert engine.stats.requests == 6
 
 
+def test_vllm_option_flags_reach_the_engine_and_bad_ones_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from offload_core.engine import main
+
+    args = build_parser().parse_args(
+        shlex.split(
+            "--groups mla:256,swa:64:128 --hash-block-size 64 --eagle --retention-interval 256"
+        )
+    )
+    assert (args.hash_block_size, args.eagle, args.retention_interval) == (64, True, 256)
+    assert all(a.help for a in build_parser()._actions if a.dest != "help")
+    cfg = EngineConfig(
+        groups=args.groups,
+        gpu_blocks=64,
+        cpu_blocks=0,
+        device="cpu",
+        hash_block_size=64,
+        eagle=True,
+        retention_interval=256,
+    )
+    eng = SimEngine(cfg)
+    assert (eng.kv.hash_block_size, eng.kv.eagle, eng.kv.retention) == (64, True, 256)
+    prompt = list(range(600))
+    eng.serve(prompt)
+    # EAGLE drops the last matched 256-token block: 512 would be hit without it.
+    assert eng.serve(prompt).cached_tokens == 256
+    eng.shutdown()
+    # A retention interval that is not a multiple of the lcm (256) is refused at start.
+    assert main(["--groups", "mla:256,swa:64:128", "--retention-interval", "100"]) == 2
+    assert "retention_interval" in capsys.readouterr().err
+
+
 def test_cli_flags_match_the_documented_ones() -> None:
     argv = shlex.split(
         "--host 0.0.0.0 --port 1 --worker-id a --publish tcp://*:1 --replay tcp://*:2 "
