@@ -196,6 +196,8 @@ def live(sc: Scenario, router_url: str) -> dict[str, Any]:
     sink = FrameSink(sc.dp_ranks)
     relay = Relay(sc.dp_ranks)
     settings = worker_info(sc)
+    # What the operator knows and registers: whether clients ask for full reports.
+    settings["report_full"] = sc.report_full_rate > 0
     wids = [f"{sc.name}-dp{r}" for r in range(sc.dp_ranks)]
     for r, wid in enumerate(wids):
         router.register(wid, relay.endpoints[r], settings)
