@@ -179,12 +179,16 @@ class WorkerSubscription:
         if self._silent_logged or not self.silent:
             return
         self._silent_logged = True
-        hint = (
-            "the engine may bind and connect too (vLLM connects for tcp://host:port: "
-            "register with bind=true)"
-            if not self.spec.bind
-            else "is the engine's endpoint pointed at this router?"
-        )
+        ep = self.spec.endpoint
+        if self.spec.bind:
+            hint = "is the engine's endpoint pointed at this router?"
+        elif ep.startswith("tcp://") and not ep.startswith(("tcp://*", "tcp://[::]")):
+            hint = (
+                "is the engine up? If it was given this tcp://host:port too, it connects "
+                "(vLLM binds only for * / :: / ipc): register with bind=true"
+            )
+        else:
+            hint = "is the engine up and publishing there?"
         log.warning(
             "worker %s: no events %.0f s after registration (state %s, endpoint %s, topic %r); %s",
             self.worker_id,
