@@ -49,9 +49,12 @@ class WorkerSpec(BaseModel):
     via_listener: bool = False
     eagle: bool = False
     partial_hash_hits: bool = False
+    report_full: bool = False
 
     def engine_settings(self) -> EngineSettings:
-        return EngineSettings(self.hash_block_size, self.eagle, self.partial_hash_hits)
+        return EngineSettings(
+            self.hash_block_size, self.eagle, self.partial_hash_hits, self.report_full
+        )
 
 
 _SPEC_KEYS = {
@@ -65,6 +68,7 @@ _SPEC_KEYS = {
     "bind": "bind",
     "eagle": "eagle",
     "partial_hash_hits": "partial_hash_hits",
+    "report_full": "report_full",
 }
 
 

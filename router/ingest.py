@@ -363,7 +363,9 @@ class Ingestor:
         held = await self._resolve(worker_id, state, batch, known)
         planner = KeyPlanner(state, batch, known, self.default_block_size)
         if state.settings.report_full:
-            planner.find_reannouncements(held, lambda ev: self._kind(state, ev) in FULL_KINDS)
+            planner.find_reannouncements(
+                held, lambda ev: self._kind(state, ev) in FULL_KINDS, [m[0] for m in marks]
+            )
         keyed = planner.run()
 
         pending = list(reversed(marks))

@@ -10,7 +10,8 @@ the operations go out in event order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from router.hash_modes import (
@@ -72,7 +73,10 @@ class KeyPlanner:
                     self.salts.append(salt)
 
     def find_reannouncements(
-        self, held: set[EngineHash], is_full: Callable[[BlockStored], bool]
+        self,
+        held: set[EngineHash],
+        is_full: Callable[[BlockStored], bool],
+        starts: Sequence[int] = (),
     ) -> None:
         """vLLM's ``kv_cache_report_mode: "full"`` re-sends a request's hit prefix, one
         chain start (parent None) per group, when it looks the prefix up: blocks already
@@ -84,23 +88,35 @@ class KeyPlanner:
         prefix recomputed from 0 (hybrid groups that missed) has the same shape but is not
         continued in its step: those are copies. (A re-announced request that computes no
         new full block is not recognised: its blocks count one copy too many.)"""
+        # ``starts``: where each published batch (one engine step) begins in this merged
+        # batch; "held before" and "continued" are judged per step.
         events = self.events
+        segment = [bisect_right(starts, i) for i in range(len(events))]
         continued = {
-            (ev.group_idx, ev.parent_block_hash)
-            for ev in events
+            (segment[i], ev.group_idx, ev.parent_block_hash)
+            for i, ev in enumerate(events)
             if isinstance(ev, BlockStored) and ev.parent_block_hash is not None
         }
-        for ev in events:
+        before = set(held)
+        this_step: set[EngineHash] = set()
+        current = 0
+        for i, ev in enumerate(events):
+            if segment[i] != current:  # an earlier step's stores were held before this one
+                before |= this_step
+                this_step = set()
+                current = segment[i]
+            if not isinstance(ev, BlockStored):
+                continue
             if (
-                isinstance(ev, BlockStored)
-                and ev.parent_block_hash is None
+                ev.parent_block_hash is None
                 and ev.token_ids
                 and ev.block_hashes
-                and (ev.group_idx, ev.block_hashes[-1]) in continued
+                and (current, ev.group_idx, ev.block_hashes[-1]) in continued
                 and is_full(ev)
-                and all(h in held for h in ev.block_hashes)
+                and all(h in before for h in ev.block_hashes)
             ):
                 self.reannounced.add(tuple(ev.token_ids))
+            this_step.update(ev.block_hashes)
 
     def run(self) -> dict[int, Keyed]:
         out: dict[int, Keyed] = {}

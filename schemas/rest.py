@@ -45,6 +45,11 @@ class WorkerCreate(BaseModel):
     partial_hash_hits: bool = Field(
         default=False, description="hits align to the hash unit (mamba align mode)"
     )
+    report_full: bool = Field(
+        default=False,
+        description='clients send kv_cache_report_mode "full": re-announced hit prefixes '
+        "are recognised, not counted as copies",
+    )
 
 
 class GroupInfo(BaseModel):
