@@ -46,6 +46,8 @@ _WORKER_COUNTERS = (
     ("duplicate_batches", "duplicates", "batches skipped as already applied (replay overlap)"),
     ("ingest_retries", "ingest_retries", "index writes retried while the index was down"),
     ("ingest_errors", "ingest_errors", "batches skipped because applying them failed"),
+    ("replay_overflows", "replay_overflows", "replay answers dropped for exceeding the bounds"),
+    ("task_restarts", "task_restarts", "subscription tasks restarted after a failure"),
 )
 # (metric suffix, DecodeStats field, help)
 _DECODE_COUNTERS = (

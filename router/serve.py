@@ -124,12 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             lifespan="on",
         )
     )
-    try:  # open SSE streams never end by themselves: close them when a signal arrives
-        from router.api.stream import close_streams_on_exit
-    except ImportError:
-        pass
-    else:
-        close_streams_on_exit(server, app)
+    # Open SSE streams never end by themselves: close them when a signal arrives.
+    from router.api.stream import close_streams_on_exit
+
+    close_streams_on_exit(server, app)
     server.run()
     return 0
 

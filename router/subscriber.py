@@ -17,7 +17,7 @@ batches through the ``Ingestor`` strictly in order, exactly once per (DP rank, s
 
 Sequencing decisions live in ``router.sequencing`` (pure), index writes in
 ``router.index_writer`` (staged, merged, retried through outages). Bad frames are counted
-and logged once per worker. Nothing here raises out of the task.
+and logged rate-limited (``router.ratelimited_log``). Nothing here raises out of the task.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from router.config import RouterSettings, WorkerSpec
 from router.index_writer import IndexWriter
 from router.logging_setup import event_extra
 from router.netutil import InvalidEndpoint, connect_endpoint
-from router.replay import ReplayFailed, ReplayFrame, request_replay
+from router.ratelimited_log import RateLimitedLog
+from router.replay import ReplayFailed, ReplayFrame, ReplayTooLarge, request_replay
 from router.sequencing import SeqTracker, Verdict
 from schemas import DecodeError, DecodeStats, KVEventBatch, decode_batch
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from router.ingest import Ingestor
 
 log = logging.getLogger(__name__)
+# Repeating per-worker faults (bad frames, failed replays): first few, then one a minute.
+limited_log = RateLimitedLog(log)
 
 # Live frames handled per wake-up before yielding to the event loop (API fairness).
 _DRAIN_PER_TURN = 512
@@ -53,6 +56,9 @@ _IDLE_POLL_MS = 250
 # Delay from a TCP connect to the catch-up replay: by then the subscription has reached
 # the publisher, so nothing published after the replay's answer can be missed.
 CATCH_UP_DELAY_S = 0.15
+# Back-off between restarts of a failed subscription task.
+_RESTART_MIN_S = 0.1
+_RESTART_MAX_S = 5.0
 
 
 @dataclass
@@ -69,9 +75,21 @@ class WorkerCounters:
     duplicates: int = 0
     ingest_retries: int = 0
     ingest_errors: int = 0
+    replay_overflows: int = 0
+    task_restarts: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _close_pair(sub: zmq.asyncio.Socket | None, monitor: zmq.asyncio.Socket | None) -> None:
+    if sub is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            sub.disable_monitor()
+    if monitor is not None:
+        monitor.close(linger=0)
+    if sub is not None:
+        sub.close(linger=0)
 
 
 class WorkerSubscription:
@@ -95,32 +113,34 @@ class WorkerSubscription:
         self._settings = settings
         self._seq = SeqTracker()
         self._writer = IndexWriter(spec.worker_id, ingestor, settings, self.counters)
-        self._logged_decode_error = False
         self._catch_up_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._sub = ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.LINGER, 0)
-        self._sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
-        self._sub.setsockopt(zmq.RECONNECT_IVL, 100)
-        self._sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        self._sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
-        self._monitor = self._sub.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
-        )
-        # A blocking twin of the same socket: draining a backlog without one future per
-        # frame is several times faster, and both see one queue.
-        self._shadow = zmq.Socket.shadow(self._sub.underlying)
-        try:
-            connect_endpoint(self._sub, spec.endpoint)
+        sub: zmq.asyncio.Socket | None = None
+        monitor: zmq.asyncio.Socket | None = None
+        try:  # a ZMQError here (the context out of sockets) must not leak what was opened
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
+            sub.setsockopt(zmq.RECONNECT_IVL, 100)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
+            monitor = sub.get_monitor_socket(
+                zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+            )
+            connect_endpoint(sub, spec.endpoint)
             if spec.replay_endpoint is not None:
                 probe = ctx.socket(zmq.DEALER)
                 try:
                     connect_endpoint(probe, spec.replay_endpoint)
                 finally:
                     probe.close(linger=0)
-        except InvalidEndpoint:
-            self._close_sockets()
+        except (InvalidEndpoint, zmq.ZMQError):
+            _close_pair(sub, monitor)
             raise
+        self._sub, self._monitor = sub, monitor
+        # A blocking twin of the same socket: draining a backlog without one future per
+        # frame is several times faster, and both see one queue.
+        self._shadow = zmq.Socket.shadow(self._sub.underlying)
 
     # ------------------------------------------------------------------ lifecycle
     def _event(self, event: str, **fields: object) -> dict[str, object]:
@@ -146,7 +166,7 @@ class WorkerSubscription:
     def start(self) -> None:
         name = self.worker_id
         self._tasks = [
-            asyncio.create_task(self._run(), name=f"kvroute-sub-{name}"),
+            asyncio.create_task(self._supervise(), name=f"kvroute-sub-{name}"),
             asyncio.create_task(self._watch_monitor(), name=f"kvroute-mon-{name}"),
         ]
 
@@ -160,10 +180,7 @@ class WorkerSubscription:
         self._close_sockets()
 
     def _close_sockets(self) -> None:
-        with contextlib.suppress(zmq.ZMQError):
-            self._sub.disable_monitor()
-        self._monitor.close(linger=0)
-        self._sub.close(linger=0)
+        _close_pair(self._sub, self._monitor)
 
     async def _watch_monitor(self) -> None:
         while True:
@@ -190,6 +207,33 @@ class WorkerSubscription:
                 return
 
     # ------------------------------------------------------------------ main loop
+    async def _supervise(self) -> None:
+        """Run the apply loop; an unexpected exception restarts it (counted in
+        ``task_restarts``, logged rate-limited) instead of leaving the worker frozen at
+        its last seq while shown as connected. The restart asks for a catch-up replay."""
+        delay = _RESTART_MIN_S
+        while True:
+            try:
+                await self._run()
+                return  # the SUB socket was closed: the subscription is stopping
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.counters.task_restarts += 1
+                limited_log.exception(
+                    ("task_failed", self.worker_id),
+                    "worker %s: subscription task failed (%s); restarting in %.2fs",
+                    self.worker_id,
+                    exc,
+                    delay,
+                    extra=self._event("subscription_restarted", error=type(exc).__name__),
+                )
+                self.syncing = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RESTART_MAX_S)
+                if self.spec.replay_endpoint is not None:
+                    self._catch_up_at = time.monotonic()
+
     async def _run(self) -> None:
         while True:
             due = self._catch_up_at
@@ -332,12 +376,17 @@ class WorkerSubscription:
                 self.spec.replay_endpoint,
                 start,
                 timeout_s=self._settings.replay_timeout_s,
+                max_frames=self._settings.replay_max_frames,
+                max_bytes=self._settings.replay_max_bytes,
             )
         except ReplayFailed as exc:
             self.counters.replay_failures += 1
+            if isinstance(exc, ReplayTooLarge):
+                self.counters.replay_overflows += 1
             # Right after connecting the ROUTER may simply not be up yet: no warning.
-            log.log(
+            limited_log.log(
                 logging.INFO if quiet else logging.WARNING,
+                ("replay_failed", self.worker_id),
                 "worker %s: %s",
                 self.worker_id,
                 exc,
@@ -389,11 +438,11 @@ class WorkerSubscription:
 
     def _decode_error(self, why: str) -> None:
         self.counters.decode_errors += 1
-        if not self._logged_decode_error:
-            self._logged_decode_error = True
-            log.warning(
-                "worker %s: undecodable frame skipped (%s); counting",
-                self.worker_id,
-                why,
-                extra=self._event("decode_error"),
-            )
+        limited_log.warning(
+            ("decode_error", self.worker_id),
+            "worker %s: undecodable frame skipped (%s); %d so far",
+            self.worker_id,
+            why,
+            self.counters.decode_errors,
+            extra=self._event("decode_error"),
+        )
