@@ -294,21 +294,42 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a simulated engine worker that serves /v1/completions and "
         "publishes vLLM-format KV events (prefix caching, hybrid groups, CPU offload).",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--worker-id", default="engine-0")
-    p.add_argument("--publish", default="tcp://*:5557", help="PUB endpoint ('' disables)")
-    p.add_argument("--replay", default="tcp://*:5558", help="replay ROUTER endpoint ('' off)")
-    p.add_argument("--topic", default=None, help="ZMQ topic (default kv@<worker-id>)")
-    p.add_argument("--gpu-blocks", type=int, default=1024)
-    p.add_argument("--cpu-blocks", type=int, default=4096, help="0 disables offloading")
-    p.add_argument("--groups", default="full:16", help="e.g. full:16,swa:16:1024,mamba:16")
-    p.add_argument("--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256")
-    p.add_argument("--cpu-policy", choices=("lru", "arc"), default="lru")
-    p.add_argument("--num-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=8)
-    p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
-    p.add_argument("--log-level", default="info")
+    add = p.add_argument
+    add("--host", default="127.0.0.1", help="HTTP bind address (default loopback only)")
+    add("--port", type=int, default=8100, help="HTTP port for /v1/completions")
+    add("--worker-id", default="engine-0", help="worker id, also the default topic suffix")
+    add(
+        "--publish",
+        default="tcp://*:5557",
+        help="KV event PUB endpoint; vLLM's rule: a wildcard host (*) binds, a concrete "
+        "host connects ('' disables)",
+    )
+    add(
+        "--replay",
+        default="tcp://127.0.0.1:5558",
+        help="replay ROUTER endpoint, always bound (default loopback only; '' disables)",
+    )
+    add("--topic", default=None, help="ZMQ topic (default kv@<worker-id>)")
+    add("--gpu-blocks", type=int, default=1024, help="GPU KV cache blocks")
+    add("--cpu-blocks", type=int, default=4096, help="CPU offload blocks; 0 disables offloading")
+    add("--groups", default="full:16", help="KV cache groups, e.g. full:16,swa:16:1024,mamba:16")
+    add(
+        "--hash",
+        dest="hash_algo",
+        choices=HASH_ALGOS,
+        default="sha256",
+        help="block hash algorithm (as vLLM's --prefix-caching-hash-algo)",
+    )
+    add("--cpu-policy", choices=("lru", "arc"), default="lru", help="CPU tier eviction policy")
+    add("--num-heads", type=int, default=2, help="KV heads of the simulated model")
+    add("--head-dim", type=int, default=8, help="head dimension of the simulated model")
+    add("--device", default=None, help="torch device (default: cuda if present)")
+    add(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log level",
+    )
     return p
 
 

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from router.service import RouterService
 
 log = logging.getLogger(__name__)
-limited_log = RateLimitedLog(log)
 
 SummaryFn = Callable[[], Awaitable[dict[str, Any]] | dict[str, Any]]
 
@@ -108,6 +107,7 @@ class StreamHub:
         self.computations = 0
         self.dropped = 0
         self.errors = 0
+        self._limited = RateLimitedLog(log)  # per hub: repeating failures, with counts
 
     @property
     def clients(self) -> int:
@@ -169,7 +169,7 @@ class StreamHub:
         except Exception as exc:  # a failing summary must not kill the stream
             self.errors += 1
             # A summary failing every tick stays visible, at most once a minute.
-            limited_log.exception(("summary", id(self)), "stream summary failed: %s", exc)
+            self._limited.exception("summary", "stream summary failed: %s", exc)
             return None
         self.ticks += 1
         return sse_message(self.event, data, self.ticks)
@@ -181,8 +181,8 @@ class StreamHub:
                 sub.dropped = True
                 sub.end()
                 self.dropped += 1
-                limited_log.warning(
-                    ("dropped", id(self)),
+                self._limited.warning(
+                    "dropped",
                     "stream client dropped: %d messages behind (%d dropped so far)",
                     self.queue_size,
                     self.dropped,

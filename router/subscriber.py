@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from router.ingest import Ingestor
 
 log = logging.getLogger(__name__)
-# Repeating per-worker faults (bad frames, failed replays): first few, then one a minute.
-limited_log = RateLimitedLog(log)
 
 # Live frames handled per wake-up before yielding to the event loop (API fairness).
 _DRAIN_PER_TURN = 512
@@ -115,6 +113,8 @@ class WorkerSubscription:
         self._writer = IndexWriter(spec.worker_id, ingestor, settings, self.counters)
         self._catch_up_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Repeating faults (bad frames, failed replays): the first few, then one a minute.
+        self._limited = RateLimitedLog(log)
         sub: zmq.asyncio.Socket | None = None
         monitor: zmq.asyncio.Socket | None = None
         try:  # a ZMQError here (the context out of sockets) must not leak what was opened
@@ -220,8 +220,8 @@ class WorkerSubscription:
                 raise
             except Exception as exc:
                 self.counters.task_restarts += 1
-                limited_log.exception(
-                    ("task_failed", self.worker_id),
+                self._limited.exception(
+                    "task_failed",
                     "worker %s: subscription task failed (%s); restarting in %.2fs",
                     self.worker_id,
                     exc,
@@ -384,9 +384,9 @@ class WorkerSubscription:
             if isinstance(exc, ReplayTooLarge):
                 self.counters.replay_overflows += 1
             # Right after connecting the ROUTER may simply not be up yet: no warning.
-            limited_log.log(
+            self._limited.log(
                 logging.INFO if quiet else logging.WARNING,
-                ("replay_failed", self.worker_id),
+                "replay_failed",
                 "worker %s: %s",
                 self.worker_id,
                 exc,
@@ -438,8 +438,8 @@ class WorkerSubscription:
 
     def _decode_error(self, why: str) -> None:
         self.counters.decode_errors += 1
-        limited_log.warning(
-            ("decode_error", self.worker_id),
+        self._limited.warning(
+            "decode_error",
             "worker %s: undecodable frame skipped (%s); %d so far",
             self.worker_id,
             why,
