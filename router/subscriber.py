@@ -80,10 +80,25 @@ class WorkerCounters:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _open_monitor(ctx: zmq.asyncio.Context, sub: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
+    """``sub.get_monitor_socket`` in the order that cannot leak: our PAIR end first, then
+    libzmq's. (pyzmq's order leaves libzmq's end with no peer when ours cannot be opened -
+    the context out of sockets - and disabling that monitor then blocks forever.)"""
+    monitor = ctx.socket(zmq.PAIR)
+    addr = f"inproc://kvroute-monitor-{id(sub):x}"
+    try:
+        sub.monitor(addr, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
+        monitor.connect(addr)
+    except zmq.ZMQError:
+        monitor.close(linger=0)
+        raise
+    return monitor
+
+
 def _close_pair(sub: zmq.asyncio.Socket | None, monitor: zmq.asyncio.Socket | None) -> None:
-    if sub is not None:
+    if sub is not None and monitor is not None:
         with contextlib.suppress(zmq.ZMQError):
-            sub.disable_monitor()
+            sub.monitor(None, 0)
     if monitor is not None:
         monitor.close(linger=0)
     if sub is not None:
@@ -124,9 +139,7 @@ class WorkerSubscription:
             sub.setsockopt(zmq.RECONNECT_IVL, 100)
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
-            monitor = sub.get_monitor_socket(
-                zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
-            )
+            monitor = _open_monitor(ctx, sub)
             connect_endpoint(sub, spec.endpoint)
             if spec.replay_endpoint is not None:
                 probe = ctx.socket(zmq.DEALER)
