@@ -36,7 +36,7 @@ from zmq.utils.monitor import parse_monitor_message
 from router.config import RouterSettings, WorkerSpec
 from router.index_writer import IndexWriter
 from router.logging_setup import event_extra
-from router.netutil import InvalidEndpoint, connect_endpoint
+from router.netutil import InvalidEndpoint, close_monitored, connect_endpoint, open_monitor
 from router.ratelimited_log import RateLimitedLog
 from router.replay import ReplayFailed, ReplayFrame, ReplayTooLarge, request_replay
 from router.sequencing import SeqTracker, Verdict
@@ -80,31 +80,6 @@ class WorkerCounters:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _open_monitor(ctx: zmq.asyncio.Context, sub: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
-    """``sub.get_monitor_socket`` in the order that cannot leak: our PAIR end first, then
-    libzmq's. (pyzmq's order leaves libzmq's end with no peer when ours cannot be opened -
-    the context out of sockets - and disabling that monitor then blocks forever.)"""
-    monitor = ctx.socket(zmq.PAIR)
-    addr = f"inproc://kvroute-monitor-{id(sub):x}"
-    try:
-        sub.monitor(addr, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
-        monitor.connect(addr)
-    except zmq.ZMQError:
-        monitor.close(linger=0)
-        raise
-    return monitor
-
-
-def _close_pair(sub: zmq.asyncio.Socket | None, monitor: zmq.asyncio.Socket | None) -> None:
-    if sub is not None and monitor is not None:
-        with contextlib.suppress(zmq.ZMQError):
-            sub.monitor(None, 0)
-    if monitor is not None:
-        monitor.close(linger=0)
-    if sub is not None:
-        sub.close(linger=0)
-
-
 class WorkerSubscription:
     """The SUB socket, replay client and apply loop of one worker."""
 
@@ -139,7 +114,7 @@ class WorkerSubscription:
             sub.setsockopt(zmq.RECONNECT_IVL, 100)
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
-            monitor = _open_monitor(ctx, sub)
+            monitor = open_monitor(ctx, sub)
             connect_endpoint(sub, spec.endpoint)
             if spec.replay_endpoint is not None:
                 probe = ctx.socket(zmq.DEALER)
@@ -148,7 +123,7 @@ class WorkerSubscription:
                 finally:
                     probe.close(linger=0)
         except (InvalidEndpoint, zmq.ZMQError):
-            _close_pair(sub, monitor)
+            close_monitored(sub, monitor)
             raise
         self._sub, self._monitor = sub, monitor
         # A blocking twin of the same socket: draining a backlog without one future per
@@ -193,7 +168,7 @@ class WorkerSubscription:
         self._close_sockets()
 
     def _close_sockets(self) -> None:
-        _close_pair(self._sub, self._monitor)
+        close_monitored(self._sub, self._monitor)
 
     async def _watch_monitor(self) -> None:
         while True:
