@@ -1,6 +1,6 @@
 """Engine-side throughput: hashing, simulated requests, KV transfers.
 
-* hashing -- blocks/s of ``offload_core.hashing.block_hashes`` (vLLM-identical: pickle or
+* hashing -- blocks/s of ``schemas.hashing.block_hashes`` (vLLM-identical: pickle or
   CBOR of ``(parent, tokens, extra)`` then sha256) vs a plain loop that sha256-hashes each
   block's raw token bytes chained with its parent (the floor any prefix hash pays);
 * engine -- requests/s of the cache model alone (``KVCacheManager.process``, no torch),
@@ -37,9 +37,9 @@ from offload_core.cpu import CPUOffloadingManager
 from offload_core.engine import EngineConfig, SimEngine
 from offload_core.engine_app import create_app
 from offload_core.groups import parse_groups
-from offload_core.hashing import block_hashes
 from offload_core.kv_cache import KVCacheManager
 from offload_core.transfer import KVBuffers, TransferWorker
+from schemas.hashing import block_hashes
 
 BLOCK = 16
 

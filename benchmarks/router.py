@@ -190,7 +190,7 @@ async def _redis_cpu(index: Any) -> float:
 def child_serve(workers: int, port: int) -> int:
     import uvicorn
 
-    from router.api import create_app
+    from router.http import create_app
 
     logging.basicConfig(level=logging.WARNING)
     settings = RouterSettings(port=port, replay_on_connect=False)

@@ -38,8 +38,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from router.index import IndexBackend, make_index
-from router.ingest import Ingestor
-from router.scoring import Scorer
+from router.ingest.ingestor import Ingestor
+from router.score.scorer import Scorer
 from schemas import BlockRemoved, BlockStored, KVEventBatch
 
 BS = 16

@@ -15,8 +15,8 @@ from pathlib import Path
 import msgspec
 
 from router.index import make_index
-from router.ingest import Ingestor
-from router.scoring import Scorer
+from router.ingest.ingestor import Ingestor
+from router.score.scorer import Scorer
 from schemas import DecodeStats, decode_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "sglang-0.5"

@@ -27,9 +27,9 @@ from offload_core.base import (
     get_offload_group_idx,
     make_offload_key,
 )
-from offload_core.hashing import external_hash
-from offload_core.hit_rule import KIND_SLIDING, GroupSpec
 from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from schemas.hashing import external_hash
+from schemas.hit_rule import KIND_SLIDING, GroupSpec
 
 
 def lora_id_for(lora_name: str | None) -> int | None:

@@ -31,14 +31,14 @@ from offload_core.block_pool import lora_id_for
 from offload_core.cpu import CPUOffloadingManager
 from offload_core.engine_events import TierEventTranslator
 from offload_core.groups import format_groups, parse_groups
-from offload_core.hashing import HASH_ALGOS, external_hash
-from offload_core.hit_rule import GroupSpec, longest_hit
 from offload_core.transfer import KVBuffers, TransferWorker
 from offload_core.vcache import VKVCacheManager, VRequest
 from offload_core.vpool import VBlock
 from offload_core.vsched import RequestTooLargeError, serve_request
 from publisher import EventPublisher, NullEventPublisher
 from schemas import MEDIUM_CPU, MEDIUM_GPU, KVEvent, KVEventBatch
+from schemas.hashing import HASH_ALGOS, external_hash
+from schemas.hit_rule import GroupSpec, longest_hit
 
 log = logging.getLogger("kvroute.engine")
 

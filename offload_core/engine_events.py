@@ -18,9 +18,9 @@ from offload_core.base import (
     get_offload_group_idx,
 )
 from offload_core.block_pool import BlockMeta, lora_id_for
-from offload_core.hashing import external_hash
-from offload_core.hit_rule import KIND_SLIDING, GroupSpec
 from schemas import BlockRemoved, BlockStored, KVEvent
+from schemas.hashing import external_hash
+from schemas.hit_rule import KIND_SLIDING, GroupSpec
 
 
 class TierEventTranslator:

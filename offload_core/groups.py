@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from offload_core.hit_rule import KIND_FULL, KIND_MAMBA, KIND_SLIDING, GroupSpec
+from schemas.hit_rule import KIND_FULL, KIND_MAMBA, KIND_SLIDING, GroupSpec
 
 KIND_MLA = "mla_attention"
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 from offload_core.base import OffloadKey, make_offload_key
 from offload_core.block_pool import BlockPool
-from offload_core.hashing import block_extra_keys, block_hashes
-from offload_core.hit_rule import GroupSpec, hit_step, longest_hit, max_candidate
+from schemas.hashing import block_extra_keys, block_hashes
+from schemas.hit_rule import GroupSpec, hit_step, longest_hit, max_candidate
 
 # "Is this (group, hash) block loadable from a lower tier right now?"
 LowerTierLookup = Callable[[OffloadKey], bool]

@@ -5,7 +5,7 @@ functions here turn those answers into how many leading tokens of a request the 
 tier can supply, per group and for a whole hybrid model. A None that the answer depends
 on makes the whole lookup None: the scheduler defers the request and asks again later.
 
-Semantics match ``offload_core.hit_rule`` exactly (the tests compare them on random
+Semantics match ``schemas.hit_rule`` exactly (the tests compare them on random
 cases); this module only adds the incremental, per-block querying.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from offload_core.base import OffloadingManager, OffloadKey, ReqContext, make_offload_key
-from offload_core.hit_rule import GroupSpec, hit_step, max_candidate
+from schemas.hit_rule import GroupSpec, hit_step, max_candidate
 
 
 class SupportsLookup(Protocol):

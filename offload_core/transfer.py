@@ -23,8 +23,8 @@ import torch
 
 from offload_core.base import OffloadingManager, OffloadKey, ReqContext, get_offload_group_idx
 from offload_core.cpu.common import CPULoadStoreSpec
-from offload_core.hashing import external_hash
-from offload_core.hit_rule import GroupSpec
+from schemas.hashing import external_hash
+from schemas.hit_rule import GroupSpec
 
 _MOD = 65521  # prime < 2**16: pattern values are exact in float32
 

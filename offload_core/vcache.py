@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from offload_core.hashing import block_extra_keys, hash_function, none_hash
-from offload_core.hit_rule import KIND_SLIDING, GroupSpec
 from offload_core.vmamba import MambaManager
 from offload_core.vmanagers import GroupManager, SlidingWindowManager, cdiv
 from offload_core.vpool import VBlock, VBlockPool
 from schemas import BlockStored, KVEvent
+from schemas.hashing import block_extra_keys, hash_function, none_hash
+from schemas.hit_rule import KIND_SLIDING, GroupSpec
 
 
 @dataclass(slots=True)

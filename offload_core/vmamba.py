@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from offload_core.hit_rule import GroupSpec
 from offload_core.vmanagers import GroupManager, cdiv, mamba_checkpoint_position
 from offload_core.vpool import VBlock, VBlockPool
+from schemas.hit_rule import GroupSpec
 
 if TYPE_CHECKING:
     from offload_core.vcache import VRequest

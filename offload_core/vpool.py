@@ -28,8 +28,8 @@ from offload_core.base import (
     make_offload_key,
 )
 from offload_core.block_pool import BlockMeta
-from offload_core.hashing import external_hash
 from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from schemas.hashing import external_hash
 
 
 class VBlock:

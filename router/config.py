@@ -141,7 +141,7 @@ class RouterSettings(BaseSettings):
     # Replay each publisher's buffer whenever its SUB connection is (re)established.
     replay_on_connect: bool = True
     # One bound SUB every engine connects to (llm-d's deployment); workers are created
-    # from topics ``kv@<worker>[@<model>]`` (router.topic_listener).
+    # from topics ``kv@<worker>[@<model>]`` (router.ingest.listener).
     listen: str | None = None
     # A worker that has sent no batch this long after registration is flagged ``silent``
     # (status, metric, one warning): a wrong endpoint, topic or bind/connect mismatch.
@@ -163,7 +163,7 @@ class RouterSettings(BaseSettings):
     stream_period_s: float = Field(default=1.0, gt=0)
     stream_max_clients: int = Field(default=256, ge=1)
     stream_queue_size: int = Field(default=8, ge=1)
-    # Routing (/v1/route; see router.policy and the README's routing section)
+    # Routing (/v1/route; see router.routing.policy and the README's routing section)
     route_policy: str = "kv_aware"
     route_weights: dict[str, float] = Field(
         default_factory=dict, description="kv_aware weight overrides, e.g. {decode: 128}"
@@ -220,7 +220,7 @@ class RouterSettings(BaseSettings):
     @field_validator("route_policy")
     @classmethod
     def _check_route_policy(cls, value: str) -> str:
-        from router.policy import POLICY_NAMES
+        from router.routing.policy import POLICY_NAMES
 
         if value not in POLICY_NAMES:
             raise ValueError(f"unknown policy {value!r}; expected one of {list(POLICY_NAMES)}")
@@ -231,7 +231,7 @@ class RouterSettings(BaseSettings):
     def _check_route_weights(cls, value: dict[str, float]) -> dict[str, float]:
         import dataclasses
 
-        from router.policy import PolicyWeights
+        from router.routing.policy import PolicyWeights
 
         known = {f.name for f in dataclasses.fields(PolicyWeights)}
         unknown = sorted(set(value) - known)

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from router.api import create_app
+    from router.http import create_app
     from router.service import (
         EndpointNotAllowed,
         InvalidEndpoint,
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     # Open SSE streams never end by themselves: close them when a signal arrives.
-    from router.api.stream import close_streams_on_exit
+    from router.http.stream import close_streams_on_exit
 
     close_streams_on_exit(server, app)
     server.run()

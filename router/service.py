@@ -22,14 +22,14 @@ from pydantic import Field
 
 from router.config import RouterSettings, WorkerSpec
 from router.index import IndexBackend, IndexUnavailable, make_index
-from router.index_watch import IndexWatch
-from router.ingest import Ingestor
+from router.ingest.index_watch import IndexWatch
+from router.ingest.ingestor import Ingestor
+from router.ingest.listener import FedSubscription, TopicListener
+from router.ingest.subscription import WorkerSubscription
 from router.logging_setup import event_extra
 from router.metrics import RouterMetrics
 from router.netutil import InvalidEndpoint
-from router.scoring import Scorer, ScoreResult, to_response
-from router.subscriber import WorkerSubscription
-from router.topic_listener import FedSubscription, TopicListener
+from router.score.scorer import Scorer, ScoreResult, to_response
 from schemas.endpoints import parse_allow_list
 from schemas.rest import ScoreResponse, WorkerInfo
 

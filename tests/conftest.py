@@ -1,4 +1,5 @@
-"""Shared fixtures (router and conformance tests): a real ``redis-server`` on a free port.
+"""Shared fixtures (router and conformance tests): a real ``redis-server`` on a free port,
+and ``tests/support`` (the test helpers: ``_helpers``, ``_kv_streams``) on ``sys.path``.
 
 ``redis_server`` (session) is one server for the whole run; ``redis_url`` hands each test
 an empty database on it; ``redis_factory`` starts private servers a test may stop (outage
@@ -9,14 +10,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
 
 from router.netutil import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 START_DEADLINE_S = 15.0
 

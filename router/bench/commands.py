@@ -16,19 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from offload_core.groups import parse_groups
-from offload_core.hashing import HASH_ALGOS
-from offload_core.hit_rule import hit_step
-from router.bench.replay import (
+from router.bench.sim import CostModel
+from router.bench.trace_replay import (
     FleetSpec,
     ReplayConfig,
     every_group_as_full,
     full_groups_only,
     replay,
 )
-from router.bench.sim import CostModel
-from router.policy import POLICY_NAMES, PolicyWeights
-from router.routing_state import RoutingConfig
-from router.workloads import MooncakeTrace, Request, SyntheticConfig, synthetic_workload
+from router.bench.workloads import MooncakeTrace, Request, SyntheticConfig, synthetic_workload
+from router.routing.policy import POLICY_NAMES, PolicyWeights
+from router.routing.state import RoutingConfig
+from schemas.hashing import HASH_ALGOS
+from schemas.hit_rule import hit_step
 
 DEFAULT_TRACE = "benchmarks/data/mooncake_conversation_trace.jsonl"
 # 8 workers x 1024 blocks of 512 tokens: the shared bound sits well below the infinite

@@ -25,15 +25,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from offload_core.hit_rule import GroupSpec, longest_hit, max_candidate
 from offload_core.kv_cache import KVCacheManager, RequestPlan, RequestTooLargeError
 from offload_core.kv_cache import Request as EngineRequest
+from router.bench.workloads import Request
 from router.index.memory import MemoryIndex
-from router.ingest import Ingestor
-from router.routing_state import RoutingConfig, RoutingCore
-from router.scoring import Scorer
-from router.workloads import Request
+from router.ingest.ingestor import Ingestor
+from router.routing.state import RoutingConfig, RoutingCore
+from router.score.scorer import Scorer
 from schemas import KVEvent, KVEventBatch
+from schemas.hit_rule import GroupSpec, longest_hit, max_candidate
 
 EventFilter = Callable[[list[KVEvent]], list[KVEvent]]
 

@@ -1,7 +1,7 @@
 """The storage vocabulary of the router's prefix index and the backend ABC.
 
 The index key is always (worker, group, block key) with a per-block bitmask of the media
-holding it. Block keys are the router's *canonical* chain keys (``router.hash_modes``); the
+holding it. Block keys are the router's *canonical* chain keys (``router.ingest.block_keys``); the
 engine's own wire hashes only reach the index through a per-(worker, block size) map
 engine hash -> key, used to resolve removals, parents and token-less (offloaded) stores.
 
@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from offload_core.hit_rule import GroupSpec
+from schemas.hit_rule import GroupSpec
 from schemas.wire import MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE
 
 # Media as bits of one small int per block: cheap to store, OR together and test.

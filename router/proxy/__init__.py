@@ -1,6 +1,6 @@
 """The OpenAI-compatible proxy on the router's port (docs/proxy.md).
 
-``install(app, service)`` is called by ``router.api.app.create_app`` after the routing
+``install(app, service)`` is called by ``router.http.app.create_app`` after the routing
 extension (the proxy routes with its ``RoutingCore``).
 """
 

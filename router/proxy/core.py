@@ -21,7 +21,7 @@ from router.index import IndexUnavailable
 from router.proxy.health import HealthMonitor
 from router.proxy.metrics import ProxyCounters
 from router.proxy.tokenization import TokenizerRegistry, completion_tokens
-from router.routing_state import Decision, RoutingCore
+from router.routing.state import Decision, RoutingCore
 from router.service import RouterService
 
 log = logging.getLogger(__name__)

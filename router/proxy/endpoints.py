@@ -10,7 +10,7 @@ import httpx
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from router.api.deps import require_read_key, require_write_key
+from router.http.deps import require_read_key, require_write_key
 from router.proxy.core import Proxy, ProxyError
 
 router = APIRouter(tags=["openai"])

@@ -23,10 +23,10 @@ import httpx
 import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.policy import POLICY_NAMES
 from router.proxy.core import Proxy, ProxyError
 from router.proxy.tokenization import TokenizationError
-from router.routing_state import Decision
+from router.routing.policy import POLICY_NAMES
+from router.routing.state import Decision
 from router.service import UnknownWorker
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 
 from router.index.base import IndexBackend
-from router.ingest import Ingestor
-from router.scoring import Scorer
+from router.ingest.ingestor import Ingestor
+from router.score.scorer import Scorer
 from schemas.decode import DecodeStats, decode_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-conformance"

@@ -23,10 +23,10 @@ import pytest
 import redis
 
 from router.index import make_index
-from router.ingest import Ingestor
+from router.ingest.ingestor import Ingestor
+from router.ingest.sglang_keys import event_hash, page_digests, salt_seed
 from router.netutil import free_port
-from router.scoring import Scorer
-from router.sglang_hashing import event_hash, page_digests, salt_seed
+from router.score.scorer import Scorer
 from schemas import BlockStored, DecodeStats, decode_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5"

@@ -6,9 +6,9 @@ import pytest
 
 from offload_core.base import make_offload_key
 from offload_core.block_pool import BlockPool, PoolExhaustedError, lora_id_for
-from offload_core.hashing import block_hashes, external_hash
-from offload_core.hit_rule import GroupSpec
 from schemas import AllBlocksCleared, BlockRemoved, BlockStored, encode_batch
+from schemas.hashing import block_hashes, external_hash
+from schemas.hit_rule import GroupSpec
 from schemas.wire import KVEventBatch
 
 FULL = GroupSpec("full_attention", 4)

@@ -15,8 +15,6 @@ import pytest
 import zmq
 
 from offload_core.engine import EngineConfig, RequestTooLargeError, SimEngine
-from offload_core.hashing import block_hashes, external_hash, hash_block
-from offload_core.hit_rule import longest_hit
 from offload_core.kv_cache import request_lora
 from publisher import EventPublisher, ZmqEventPublisher
 from schemas import (
@@ -27,6 +25,8 @@ from schemas import (
     decode_batch,
     encode_batch,
 )
+from schemas.hashing import block_hashes, external_hash, hash_block
+from schemas.hit_rule import longest_hit
 
 State = Counter[tuple[int, str, int]]
 

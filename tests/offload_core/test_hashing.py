@@ -1,4 +1,4 @@
-"""offload_core.hashing reproduces vLLM 0.33's block hashes byte for byte."""
+"""schemas.hashing reproduces vLLM 0.33's block hashes byte for byte."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import cbor2
 import pytest
 
 from offload_core import hashing
-from offload_core.hashing import (
+from schemas.hashing import (
     block_extra_keys,
     block_hashes,
     external_hash,

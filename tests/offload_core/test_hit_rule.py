@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from offload_core.hit_rule import (
+from schemas.hit_rule import (
     GroupAcceptor,
     GroupSpec,
     group_max_hit,

@@ -7,9 +7,9 @@ import pytest
 from offload_core.base import OffloadKey, make_offload_key
 from offload_core.block_pool import BlockPool
 from offload_core.groups import format_groups, parse_groups
-from offload_core.hashing import block_hashes, external_hash
 from offload_core.kv_cache import KVCacheManager, RequestTooLargeError
 from schemas import BlockRemoved, BlockStored
+from schemas.hashing import block_hashes, external_hash
 
 
 def evict(pool: BlockPool, keys: list[OffloadKey]) -> None:

@@ -18,7 +18,6 @@ from offload_core.base import (
     make_offload_key,
 )
 from offload_core.cpu import CPUOffloadingManager
-from offload_core.hit_rule import GroupSpec, group_max_hit, longest_hit
 from offload_core.lookup import (
     RequestOffloadState,
     lookup_group,
@@ -27,6 +26,7 @@ from offload_core.lookup import (
     lookup_prefix,
     lookup_sliding_window,
 )
+from schemas.hit_rule import GroupSpec, group_max_hit, longest_hit
 
 CTX = ReqContext()
 FULL = GroupSpec("full_attention", 16)

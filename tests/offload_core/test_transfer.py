@@ -8,8 +8,8 @@ import torch
 from offload_core.base import ReqContext, make_offload_key
 from offload_core.cpu import CPUOffloadingManager
 from offload_core.groups import parse_groups
-from offload_core.hashing import block_hashes
 from offload_core.transfer import KVBuffers, TransferWorker, default_device
+from schemas.hashing import block_hashes
 
 CTX = ReqContext()
 

@@ -87,9 +87,9 @@ def test_hit_rule_over_vllm_events_predicts_vllm_hits(shape: str) -> None:
     from collections import Counter
 
     from offload_core.groups import parse_groups
-    from offload_core.hashing import block_hashes, external_hash
-    from offload_core.hit_rule import hit_step, longest_hit
     from schemas import AllBlocksCleared, BlockStored
+    from schemas.hashing import block_hashes, external_hash
+    from schemas.hit_rule import hit_step, longest_hit
 
     rec = msgspec.msgpack.decode((FIXTURES / f"{shape}.msgpack").read_bytes())
     groups_text, _, hash_bs, eagle, _ = SHAPES[shape]

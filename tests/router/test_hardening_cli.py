@@ -106,9 +106,9 @@ def test_version(capsys: pytest.CaptureFixture[str]):
 def _parsers() -> list[argparse.ArgumentParser]:
     from offload_core.engine import build_parser as engine
     from router.bench.commands import build_parser as bench
-    from router.demo import build_parser as demo
+    from router.ops.demo import build_parser as demo
+    from router.ops.tail import build_parser as tail
     from router.serve import build_parser as serve_parser
-    from router.tail import build_parser as tail
 
     out = [serve_parser(), engine(), demo(), tail(), bench()]
     for p in list(out):

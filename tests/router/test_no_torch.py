@@ -8,12 +8,12 @@ import sys
 ROUTER_MODULES = (
     "router.cli",
     "router.serve",
-    "router.api.app",
-    "router.demo",
+    "router.http.app",
+    "router.ops.demo",
     "router.bench",
-    "router.tail",
-    "offload_core.hashing",
-    "offload_core.hit_rule",
+    "router.ops.tail",
+    "schemas.hashing",
+    "schemas.hit_rule",
     "offload_core.kv_cache",
     "publisher",
     "schemas",
@@ -24,7 +24,7 @@ def test_router_paths_never_import_torch() -> None:
     code = (
         "import sys\n"
         f"for m in {ROUTER_MODULES!r}: __import__(m)\n"
-        "from router.api import create_app\n"
+        "from router.http import create_app\n"
         "create_app()\n"
         "print('torch' in sys.modules)\n"
     )

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from offload_core.hit_rule import GroupSpec
 from offload_core.vcache import VKVCacheManager, VRequest
 from offload_core.vmamba import MambaManager
 from offload_core.vsched import mamba_chunk
 from schemas import KVEvent
+from schemas.hit_rule import GroupSpec
 
 KINDS = {"mla": "mla_attention"}
 

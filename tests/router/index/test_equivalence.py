@@ -9,8 +9,8 @@ from collections import defaultdict
 import pytest
 from _kv_streams import EventSource, Harness, cleared, new_index, tokens
 
-from offload_core.hit_rule import GroupSpec, longest_hit
 from router.index import IndexUnavailable
+from schemas.hit_rule import GroupSpec, longest_hit
 
 # Mixed block sizes: the hit step is lcm(16, 32) = 32.
 GROUPS = {

@@ -1,0 +1,442 @@
+"""Write side: apply decoded KV event batches to an index backend.
+
+A batch goes through three steps and few backend calls: collect the engine hashes the
+batch cannot resolve by itself (parents stored earlier, token-less offload stores, the
+kept blocks of sparse stores), ``resolve`` them, compute every store's block keys (see
+``router.ingest.placement`` for vLLM's sparse, partial and mixed-size stores; stores
+whose parent another store of the batch names wait for it), then turn every event into
+a keyed operation in order and hand the list to ``apply`` (one Redis round trip).
+Learned metadata (group kind / block size / window, the hash unit, hash mode) is saved
+first, when it changed, so blocks never exist in the backend without it.
+
+Copies: vLLM does not de-duplicate cached blocks, so a store of a block already held is
+another copy and a removal takes one copy (the backends count them).
+
+Bad input is counted, never raised: an event with an unknown medium, a token count that
+does not match its blocks, or a store whose parent was never seen (``unknown_parent``;
+its key cannot be computed, so it is not guessed). Only ``IndexUnavailable`` escapes, so
+the transport can retry the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from router.index.base import (
+    MEDIUM_BITS,
+    BlockKey,
+    ClearOp,
+    EngineHash,
+    EngineSettings,
+    GroupMeta,
+    IndexBackend,
+    Op,
+    RemoveOp,
+    SeqOp,
+    StoreOp,
+    WorkerState,
+)
+from router.ingest.key_planner import Keyed, KeyPlanner
+from schemas import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    normalise_medium,
+)
+from schemas.hit_rule import FULL_KINDS, MAMBA_KINDS
+from schemas.rest import GroupInfo
+
+log = logging.getLogger(__name__)
+
+# (index of the batch's first event in a merged batch, DP rank, seq, payload crc32)
+SeqMark = tuple[int, int, int, int]
+
+
+@dataclass
+class IngestCounters:
+    """Plain counters; the transport exports them as Prometheus metrics."""
+
+    batches: int = 0
+    events_stored: int = 0
+    events_removed: int = 0
+    events_cleared: int = 0
+    events_unknown: int = 0  # event objects of a type the ingestor does not know
+    blocks_stored: int = 0  # (worker, group, key, medium) entries newly set
+    blocks_stored_repeat: int = 0  # idempotent repeats
+    blocks_removed: int = 0
+    blocks_removed_missing: int = 0  # removal of an entry not held (repeat or never seen)
+    unknown_parent: int = 0  # blocks not indexed: parent hash never seen
+    unresolved_blocks: int = 0  # token-less blocks whose hash the map does not know
+    bad_events: int = 0  # unknown medium, token/block count mismatch, bad block size
+    bad_groups: int = 0  # events with a negative or non-integer group_idx
+    unplaced_blocks: int = 0  # sparse-store blocks whose position contradicts the map
+    sparse_stores: int = 0  # stores listing fewer blocks than their tokens hold
+    partial_stores: int = 0  # partial entries (block_size below the group's)
+    group_changes: int = 0  # a group's kind/size/window changed
+    hash_unit_changes: int = 0  # a smaller block size showed the learned unit was wrong
+    worker_clears: int = 0  # clear_worker calls (resyncs)
+    batches_skipped: int = 0  # batches the index had applied already (seq guard)
+    reannounced_blocks: int = 0  # kv_cache_report_mode "full" re-announcements (no copy)
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class Ingestor:
+    """Applies batches per worker; metadata is cached here and persisted in the backend."""
+
+    def __init__(
+        self,
+        index: IndexBackend,
+        *,
+        default_kind: str = "full_attention",
+        default_block_size: int | None = None,
+        metrics: IngestCounters | None = None,
+    ) -> None:
+        self.index = index
+        self.default_kind = default_kind
+        self.default_block_size = default_block_size
+        self.counters = metrics if metrics is not None else IngestCounters()
+        self._states: dict[str, WorkerState] = {}
+        self._warned: set[str] = set()
+
+    # -- worker lifecycle -------------------------------------------------------------
+
+    async def _state(self, worker_id: str) -> WorkerState:
+        state = self._states.get(worker_id)
+        if state is None:
+            state = await self.index.load_worker(worker_id)
+            if state is None:
+                state = WorkerState()
+                await self.index.save_worker(worker_id, state)
+            self._states[worker_id] = state
+        return state
+
+    async def clear_worker(self, worker_id: str) -> None:
+        """AllBlocksCleared / resync: drop entries, keep the worker and its groups known."""
+        state = await self._state(worker_id)
+        await self.index.clear_worker(worker_id)
+        self.counters.worker_clears += 1
+        if state.hash_mode != "unknown":
+            state.hash_mode = "unknown"
+            await self.index.save_worker(worker_id, state)
+
+    async def configure(self, worker_id: str, settings: EngineSettings) -> None:
+        """Set a worker's engine settings (registration); the hash unit follows them."""
+        state = await self._state(worker_id)
+        if state.settings == settings:
+            return
+        unit = settings.hash_block_size
+        if unit is not None and state.hash_unit not in (None, unit):
+            await self.clear_worker(worker_id)  # keys chained at another unit are void
+        state.settings = settings
+        if unit is not None:
+            state.hash_unit = unit
+        await self.index.save_worker(worker_id, state)
+
+    def forget(self, worker_id: str) -> None:
+        """Drop the cached metadata (the index lost it); reloaded or rebuilt on use."""
+        self._states.pop(worker_id, None)
+
+    async def remove_worker(self, worker_id: str) -> None:
+        """Entries, maps and metadata gone (``DELETE /v1/workers/{id}``)."""
+        self._states.pop(worker_id, None)
+        await self.index.remove_worker(worker_id)
+
+    async def worker_groups(self, worker_id: str) -> dict[int, GroupInfo]:
+        state = self._states.get(worker_id) or await self.index.load_worker(worker_id)
+        if state is None:
+            return {}
+        counts = await self.index.group_counts(worker_id)
+        return {
+            g: GroupInfo(
+                kind=meta.kind,
+                block_size=meta.block_size,
+                sliding_window=meta.sliding_window,
+                blocks_by_medium=counts.get(g, {}),
+            )
+            for g, meta in sorted(state.groups.items())
+        }
+
+    async def hash_mode(self, worker_id: str) -> str:
+        """``unknown`` until a chain's first block was checked, then ``engine`` (vLLM
+        default hashing reproduced) or ``canonical`` (foreign hashing)."""
+        state = self._states.get(worker_id) or await self.index.load_worker(worker_id)
+        return state.hash_mode if state is not None else "unknown"
+
+    # -- the write path ---------------------------------------------------------------
+
+    def _bad(self, why: str) -> None:
+        self.counters.bad_events += 1
+        if why not in self._warned:
+            self._warned.add(why)
+            log.warning("skipping bad KV event: %s (counted in bad_events; logged once)", why)
+
+    def _group(self, group_idx: object) -> int | None:
+        """The event's group (absent = 0), or None for a value no engine sends."""
+        if group_idx is None:
+            return 0
+        if isinstance(group_idx, bool) or not isinstance(group_idx, int) or group_idx < 0:
+            self.counters.bad_groups += 1
+            self._bad(f"invalid group_idx {group_idx!r}")
+            return None
+        return group_idx
+
+    def _learn(self, state: WorkerState, g: int, ev: BlockStored) -> GroupMeta | None:
+        """The group's metadata after this store. Its block size is the largest a store
+        showed: a smaller one is a partial entry (vLLM stores the prompt's tail inside a
+        larger block at the hash unit), never a new model (that comes with a clear)."""
+        bs = _size(ev.block_size)
+        if bs is None:
+            if self.default_block_size is None:
+                return None
+            bs = self.default_block_size
+        old = state.groups.get(g)
+        kind = ev.kv_cache_spec_kind or (old.kind if old is not None else self.default_kind)
+        window = ev.kv_cache_spec_sliding_window
+        if window is None and old is not None and old.kind == kind:
+            window = old.sliding_window
+        size = bs if old is None else max(old.block_size, bs)
+        unit = state.hash_unit
+        if state.settings.partial_hash_hits and kind in MAMBA_KINDS and unit and size > unit:
+            # vLLM's partial-hash hits: mamba states are looked up at every hash unit
+            # (block or partial entry), so the group is indexed and scored at the unit.
+            size = unit
+        if (
+            old is not None
+            and old.kind == kind
+            and old.block_size == size
+            and old.sliding_window == window
+        ):
+            return old
+        if old is not None:
+            self.counters.group_changes += 1
+        meta = state.groups[g] = GroupMeta(kind, size, window)
+        return meta
+
+    def _learn_unit(
+        self, state: WorkerState, batch: KVEventBatch, ops: list[Op], known: dict
+    ) -> None:
+        """The hash unit: registered, else the gcd of every block size seen. A unit that
+        shrinks voids the keys chained so far (counted; register ``hash_block_size``).
+        Clears keep it: relearning it after each would void keys again and again."""
+        if state.settings.hash_block_size is not None:
+            state.hash_unit = state.settings.hash_block_size
+            return
+        unit = state.hash_unit or 0
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                bs = _size(ev.block_size) or self.default_block_size
+                if bs is not None:
+                    unit = math.gcd(unit, bs)
+        if unit == 0 or unit == state.hash_unit:
+            return
+        if state.hash_unit is not None:
+            self.counters.hash_unit_changes += 1
+            ops.append(ClearOp())
+            known.clear()
+            state.hash_mode = "unknown"
+        state.hash_unit = unit
+
+    async def apply_batch(
+        self, worker_id: str, batch: KVEventBatch, marks: Sequence[SeqMark] = ()
+    ) -> None:
+        """Apply a batch's events in order; problems are counted, never raised.
+
+        ``marks`` are the (first event index, rank, seq, fingerprint) of the published
+        batches merged into ``batch``: the index applies each one at most once."""
+        await self.apply_batches([(worker_id, batch, marks)])
+
+    async def apply_batches(
+        self, items: Sequence[tuple[str, KVEventBatch] | tuple[str, KVEventBatch, Any]]
+    ) -> None:
+        """Apply several batches (any workers) in order with one backend write call.
+
+        For Redis that is one pipelined round trip for all of them, so a subscriber that
+        drains what it has received so far overlaps its work with the server's.
+        """
+        plans: list[tuple[str, dict[int, GroupMeta], list[Op]]] = []
+        carried: dict[str, dict[EngineHash, BlockKey]] = {}
+        for item in items:
+            worker_id, batch = item[0], item[1]
+            marks = item[2] if len(item) > 2 else ()
+            known = carried.setdefault(worker_id, {})
+            groups, ops = await self._plan(worker_id, batch, known, marks)
+            if ops:
+                plans.append((worker_id, groups, ops))
+        if not plans:
+            return
+        c = self.counters
+        for result in await self.index.apply_many(plans):
+            c.blocks_stored += result.stored
+            c.blocks_stored_repeat += result.stored_repeat
+            c.blocks_removed += result.removed
+            c.blocks_removed_missing += result.removed_missing
+            c.batches_skipped += result.skipped_batches
+
+    async def _resolve(
+        self,
+        worker_id: str,
+        state: WorkerState,
+        batch: KVEventBatch,
+        known: dict[EngineHash, BlockKey],
+    ) -> set[EngineHash]:
+        """Look up, in every map of the worker, the engine hashes the batch needs; return
+        ``_held_roots``."""
+        wanted: set[EngineHash] = set()
+        sizes = {m.block_size for m in state.groups.values()}
+        for ev in batch.events:
+            if not isinstance(ev, BlockStored):
+                continue
+            bs = _size(ev.block_size) or self.default_block_size
+            if bs is not None:
+                sizes.add(bs)
+            tokens = ev.token_ids
+            if not tokens or normalise_medium(ev.medium) != MEDIUM_GPU:
+                # Offload-tier stores copy blocks the map usually names already, even
+                # when their parent has gone from every tier since.
+                wanted.update(ev.block_hashes)
+                continue
+            if ev.parent_block_hash is not None:
+                wanted.add(ev.parent_block_hash)
+            if bs is not None and len(ev.block_hashes) * bs != len(tokens):
+                wanted.update(ev.block_hashes)  # a sparse store: anchors for placement
+        todo = [h for h in wanted if h not in known]
+        for bs in sorted(sizes):
+            if not todo:
+                break
+            found = await self.index.resolve(worker_id, bs, todo)
+            known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
+            todo = [h for h, k in zip(todo, found, strict=True) if k is None]
+        if not state.settings.report_full:
+            return set()
+        return await self._held_roots(worker_id, state, batch)
+
+    async def _held_roots(
+        self, worker_id: str, state: WorkerState, batch: KVEventBatch
+    ) -> set[EngineHash]:
+        """Hashes of chain starts (parent None) in full-attention groups that the index
+        holds already, before this batch: the candidates for re-announcements."""
+        roots: dict[int, set[EngineHash]] = {}
+        for ev in batch.events:
+            if (
+                isinstance(ev, BlockStored)
+                and ev.parent_block_hash is None
+                and ev.token_ids
+                and self._kind(state, ev) in FULL_KINDS
+                and _size(ev.block_size)
+            ):
+                roots.setdefault(ev.block_size, set()).update(ev.block_hashes)
+        held: set[EngineHash] = set()
+        for bs, hashes in roots.items():
+            hs = list(hashes)
+            found = await self.index.resolve(worker_id, bs, hs, live_only=True)
+            held.update(h for h, k in zip(hs, found, strict=True) if k is not None)
+        return held
+
+    def _kind(self, state: WorkerState, ev: BlockStored) -> str:
+        if ev.kv_cache_spec_kind:
+            return ev.kv_cache_spec_kind
+        meta = state.groups.get(ev.group_idx if isinstance(ev.group_idx, int) else 0)
+        return meta.kind if meta is not None else self.default_kind
+
+    async def _plan(
+        self,
+        worker_id: str,
+        batch: KVEventBatch,
+        known: dict[EngineHash, BlockKey],
+        marks: Sequence[SeqMark] = (),
+    ) -> tuple[dict[int, GroupMeta], list[Op]]:
+        """A batch as keyed operations; ``known`` carries mappings between batches."""
+        c = self.counters
+        c.batches += 1
+        state = await self._state(worker_id)
+        before = (dict(state.groups), state.hash_mode, state.hash_unit)
+        ops: list[Op] = []
+        self._learn_unit(state, batch, ops, known)
+        held = await self._resolve(worker_id, state, batch, known)
+        planner = KeyPlanner(state, batch, known, self.default_block_size)
+        if state.settings.report_full:
+            planner.find_reannouncements(
+                held, lambda ev: self._kind(state, ev) in FULL_KINDS, [m[0] for m in marks]
+            )
+        keyed = planner.run()
+
+        pending = list(reversed(marks))
+        for i, ev in enumerate(batch.events):
+            while pending and pending[-1][0] <= i:
+                ops.append(SeqOp(*pending.pop()[1:]))
+            if isinstance(ev, BlockStored):
+                c.events_stored += 1
+                self._store(state, ev, keyed.get(i), ops)
+            elif isinstance(ev, BlockRemoved):
+                c.events_removed += 1
+                g = self._group(ev.group_idx)
+                bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
+                if g is None:
+                    continue
+                if bit is None:
+                    self._bad(f"unknown medium {ev.medium!r}")
+                elif g not in state.groups:
+                    c.blocks_removed_missing += len(ev.block_hashes)
+                else:
+                    ops.append(RemoveOp(g, bit, list(ev.block_hashes)))
+            elif isinstance(ev, AllBlocksCleared):
+                c.events_cleared += 1
+                ops.append(ClearOp())
+                state.hash_mode = "unknown"
+            else:
+                c.events_unknown += 1
+
+        ops += [SeqOp(*m[1:]) for m in reversed(pending)]  # batches with no events
+        if (state.groups, state.hash_mode, state.hash_unit) != before:
+            await self.index.save_worker(worker_id, state)
+        return dict(state.groups), ops
+
+    def _store(
+        self, state: WorkerState, ev: BlockStored, keyed: Keyed | None, ops: list[Op]
+    ) -> None:
+        c = self.counters
+        g = self._group(ev.group_idx)
+        if g is None:
+            return
+        bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
+        if bit is None:
+            self._bad(f"unknown medium {ev.medium!r}")
+            return
+        meta = self._learn(state, g, ev)
+        if meta is None:
+            self._bad(f"invalid block_size {ev.block_size!r}")
+            return
+        if keyed is None:  # no blocks: an empty (fully masked) store
+            return
+        if keyed.error:
+            self._bad(keyed.error)
+            return
+        if keyed.reannounce:
+            c.reannounced_blocks += len(ev.block_hashes)
+            return
+        if keyed.sparse:
+            c.sparse_stores += 1
+        if (_size(ev.block_size) or meta.block_size) < meta.block_size:
+            c.partial_stores += 1
+        c.unknown_parent += keyed.unknown_parent
+        c.unresolved_blocks += keyed.unresolved
+        c.unplaced_blocks += keyed.unplaced
+        if keyed.hashes:
+            ops.append(StoreOp(g, bit, keyed.hashes, keyed.keys))
+        if keyed.algo_checked and state.hash_mode == "unknown":
+            state.hash_mode = keyed.algo_checked
+
+
+def _size(value: object) -> int | None:
+    """A positive int block size, or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value

@@ -1,0 +1,249 @@
+"""Block keys for every store of one batch, before any operation is emitted.
+
+Why a separate pass: a store's keys need its parent's key, and in vLLM's streams the
+parent is often named only by *another* store of the same batch -- a sliding-window or
+mamba group skips blocks the full-attention group announces, and the groups of one step
+come in group order, not dependency order. So keys are computed to a fixed point (dense
+stores first: they name the blocks sparse stores are placed against), and only then do
+the operations go out in event order.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from router.index.base import BlockKey, EngineHash, WorkerState
+from router.ingest.block_keys import (
+    chain_keys,
+    detect_engine_hash,
+    key_bytes,
+    root_digest,
+    split_extra_keys,
+)
+from router.ingest.placement import block_keys_at, place_sparse
+from router.ingest.sglang_keys import detect_sglang_hash
+from schemas import BlockStored, KVEventBatch
+
+
+@dataclass
+class Keyed:
+    """What a store contributes: the blocks it can place, and what it could not."""
+
+    hashes: list[EngineHash] = field(default_factory=list)
+    keys: list[BlockKey] = field(default_factory=list)
+    unknown_parent: int = 0
+    unresolved: int = 0
+    unplaced: int = 0
+    sparse: bool = False
+    reannounce: bool = False  # a hit prefix re-announced, not new copies
+    error: str | None = None
+    algo_checked: str | None = None  # "engine"/"canonical" once a chain start was checked
+
+
+_WAIT = object()
+
+
+class KeyPlanner:
+    """Computes ``Keyed`` per store index of a batch, updating ``known`` as it goes."""
+
+    def __init__(
+        self,
+        state: WorkerState,
+        batch: KVEventBatch,
+        known: dict[EngineHash, BlockKey],
+        default_block_size: int | None = None,
+    ) -> None:
+        self.default_block_size = default_block_size
+        self.unit = state.hash_unit
+        self.check_algo = state.hash_mode == "unknown"
+        self.events = batch.events
+        self.known = known
+        self.reannounced: set[tuple[int, ...]] = set()
+        # Salts of chain starts in this batch: a sparse store that skipped block 0 does
+        # not carry the salt its chain is rooted at, a dense store of the same step does.
+        self.salts: list[str | None] = []
+        for ev in self.events:
+            if isinstance(ev, BlockStored) and ev.parent_block_hash is None and ev.token_ids:
+                salt = split_extra_keys(ev.extra_keys, 1, ev.lora_name).cache_salt
+                if salt is None:
+                    salt = ev.cache_salt
+                if salt not in self.salts:
+                    self.salts.append(salt)
+
+    def find_reannouncements(
+        self,
+        held: set[EngineHash],
+        is_full: Callable[[BlockStored], bool],
+        starts: Sequence[int] = (),
+    ) -> None:
+        """vLLM's ``kv_cache_report_mode: "full"`` re-sends a request's hit prefix, one
+        chain start (parent None) per group, when it looks the prefix up: blocks already
+        cached, not new copies (and, in sliding-window groups, hashes of blocks that are
+        not cached at all); the same step then caches the request's new blocks, chained
+        from the last re-announced one. So a full-attention chain start whose every block
+        the index held before this batch, and that a later store of the batch continues,
+        is taken for one -- and so is every group's chain start over the same tokens. A
+        prefix recomputed from 0 (hybrid groups that missed) has the same shape but is not
+        continued in its step: those are copies. (A re-announced request that computes no
+        new full block is not recognised: its blocks count one copy too many.)"""
+        # ``starts``: where each published batch (one engine step) begins in this merged
+        # batch; "held before" and "continued" are judged per step.
+        events = self.events
+        segment = [bisect_right(starts, i) for i in range(len(events))]
+        continued = {
+            (segment[i], ev.group_idx, ev.parent_block_hash)
+            for i, ev in enumerate(events)
+            if isinstance(ev, BlockStored) and ev.parent_block_hash is not None
+        }
+        before = set(held)
+        this_step: set[EngineHash] = set()
+        current = 0
+        for i, ev in enumerate(events):
+            if segment[i] != current:  # an earlier step's stores were held before this one
+                before |= this_step
+                this_step = set()
+                current = segment[i]
+            if not isinstance(ev, BlockStored):
+                continue
+            if (
+                ev.parent_block_hash is None
+                and ev.token_ids
+                and ev.block_hashes
+                and (current, ev.group_idx, ev.block_hashes[-1]) in continued
+                and is_full(ev)
+                and all(h in before for h in ev.block_hashes)
+            ):
+                self.reannounced.add(tuple(ev.token_ids))
+            this_step.update(ev.block_hashes)
+
+    def run(self) -> dict[int, Keyed]:
+        out: dict[int, Keyed] = {}
+        dense: list[int] = []
+        sparse: list[int] = []
+        for i, ev in enumerate(self.events):
+            if not isinstance(ev, BlockStored) or not ev.block_hashes:
+                continue
+            bs = self.block_size(ev)
+            if bs is not None and len(ev.block_hashes) * bs != len(ev.token_ids):
+                sparse.append(i)
+            else:
+                dense.append(i)
+        pending = self._fixpoint(dense, out)
+        pending = self._fixpoint(pending + sparse, out)
+        for i in pending:
+            ev = self.events[i]
+            assert isinstance(ev, BlockStored)
+            out[i] = self._named_only(ev, unknown_parent=True)
+        return out
+
+    def block_size(self, ev: BlockStored) -> int | None:
+        """The event's block size, or the configured default for an engine leaving it
+        out (0 or absent)."""
+        bs = ev.block_size
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
+            return self.default_block_size
+        return bs
+
+    def _fixpoint(self, todo: list[int], out: dict[int, Keyed]) -> list[int]:
+        while todo:
+            waiting = []
+            for i in todo:
+                got = self._keys(self.events[i])
+                if got is _WAIT:
+                    waiting.append(i)
+                else:
+                    assert isinstance(got, Keyed)
+                    out[i] = got
+            if len(waiting) == len(todo):
+                return waiting
+            todo = waiting
+        return []
+
+    def _named_only(self, ev: BlockStored, *, unknown_parent: bool = False) -> Keyed:
+        """Only the blocks the map already names; the rest is counted, not guessed."""
+        res = Keyed()
+        for h in ev.block_hashes:
+            k = self.known.get(h)
+            if k is not None:
+                res.hashes.append(h)
+                res.keys.append(k)
+        missing = len(ev.block_hashes) - len(res.hashes)
+        if unknown_parent:
+            res.unknown_parent = missing
+        else:
+            res.unresolved = missing
+        return res
+
+    def _keys(self, ev: BlockStored) -> Keyed | object:
+        hashes = ev.block_hashes
+        known = self.known
+        if not ev.token_ids:
+            # Token-less stores (vLLM's offload connector): the map names what they copy.
+            return self._named_only(ev)
+        if (
+            self.reannounced
+            and ev.parent_block_hash is None
+            and tuple(ev.token_ids) in self.reannounced
+        ):
+            return Keyed(reannounce=True)
+        bs, unit, tokens = self.block_size(ev), self.unit, ev.token_ids
+        if bs is None or not unit:
+            return Keyed(error=f"invalid block_size {ev.block_size!r}")
+        if bs % unit:
+            return Keyed(error=f"block_size {bs} is not a multiple of the hash unit {unit}")
+        n = len(hashes)
+        if len(tokens) % bs or len(tokens) < n * bs:
+            return Keyed(error="token_ids length does not fit block_hashes and block_size")
+        total = len(tokens) // bs
+        names = [known.get(h) for h in hashes]
+        if n == total and None not in names:
+            return Keyed(list(hashes), names)  # type: ignore[arg-type]
+        res = Keyed(sparse=n < total)
+        parent_hash = ev.parent_block_hash
+        extra = split_extra_keys(ev.extra_keys, n, ev.lora_name)
+        if parent_hash is None:
+            # vLLM carries the salt in extra_keys, SGLang as a field of the event.
+            salt = extra.cache_salt if extra.cache_salt is not None else ev.cache_salt
+            roots = [root_digest(extra.lora_name, salt)]
+            if res.sparse:
+                roots += [root_digest(extra.lora_name, s) for s in self.salts]
+        else:
+            parent_key = known.get(parent_hash)
+            if parent_key is None:
+                return _WAIT
+            roots = [key_bytes(parent_key)]
+        # Extra keys (multimodal, embeddings) are per listed block: they place onto a
+        # dense store's blocks; a sparse store's are unknown for the skipped blocks.
+        others = extra.others if not res.sparse and unit == bs else None
+        keys: list[BlockKey] | None = None
+        for root in dict.fromkeys(roots):
+            units = chain_keys(root, tokens, unit, len(tokens) // unit, others)
+            block_keys = block_keys_at(units, bs // unit)
+            got = place_sparse(hashes, block_keys, known) if res.sparse else block_keys
+            if got is not None and _anchored(hashes, got, known):
+                keys = got
+                break
+        if keys is None:
+            res.unplaced = n
+            return res
+        res.hashes, res.keys = list(hashes), keys
+        known.update(zip(hashes, keys, strict=True))
+        if self.check_algo and parent_hash is None and not res.sparse and bs == unit:
+            first = ev.extra_keys[0] if ev.extra_keys else None
+            vllm = detect_engine_hash(hashes[0], tokens[:bs], first) is not None
+            if vllm or detect_sglang_hash(hashes[0], tokens[:bs], ev.cache_salt):
+                res.algo_checked = "engine"
+                self.check_algo = False
+            elif ev.lora_name is None:  # SGLang LoRA chains: decide on a later chain
+                res.algo_checked = "canonical"
+                self.check_algo = False
+        return res
+
+
+def _anchored(
+    hashes: list[EngineHash], keys: list[BlockKey], known: dict[EngineHash, BlockKey]
+) -> bool:
+    """Every block the map names was placed at its named key (the root was right)."""
+    return all(known.get(h, k) == k for h, k in zip(hashes, keys, strict=True))

@@ -1,0 +1,128 @@
+"""One bound SUB socket that every engine connects to, workers named by topic.
+
+Why: vLLM connects its PUB for ``tcp://host:port`` endpoints (it binds only for ``*``,
+``::``, ipc and inproc), and llm-d deploys exactly that way -- every vLLM pod connects to
+one consumer's bound SUB and names itself in the topic ``kv@<pod-ip>@<model>``. With
+``--listen tcp://*:5557`` the router accepts such a fleet without registering workers
+one by one: the first frame of a new topic creates its worker (``kv@<id>`` works too),
+and from then on each worker is sequenced and ingested like any other, only its frames
+arrive through the shared socket instead of one of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Awaitable, Callable
+
+import zmq
+import zmq.asyncio
+
+from router.config import RouterSettings, WorkerSpec
+from router.ingest.subscription import WorkerSubscription
+from router.netutil import bind_endpoint
+
+log = logging.getLogger(__name__)
+
+_ID_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+
+
+def parse_topic(topic: bytes) -> tuple[str, str | None] | None:
+    """``kv@<worker>[@<model>]`` -> (worker id, model), or None for anything else."""
+    try:
+        text = topic.decode()
+    except UnicodeDecodeError:
+        return None
+    prefix, sep, rest = text.partition("@")
+    if prefix != "kv" or not sep:
+        return None
+    worker, _, model = rest.partition("@")
+    if not _ID_OK.match(worker):
+        return None
+    return worker, model or None
+
+
+class FedSubscription(WorkerSubscription):
+    """A worker whose frames the listener hands over: no socket, no loop of its own."""
+
+    def _open_sockets(self, *args: object) -> None:
+        return
+
+    def start(self) -> None:
+        return
+
+    def _close_sockets(self) -> None:
+        return
+
+    async def feed(self, frames: list[bytes]) -> None:
+        self.connected = self.ever_connected = True
+        await self._on_live(frames)
+        await self._writer.flush()
+
+
+class TopicListener:
+    """The shared SUB and its loop; ``register`` creates a worker for a new topic."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        ctx: zmq.asyncio.Context,
+        lookup: Callable[[str], WorkerSubscription | None],
+        register: Callable[[WorkerSpec], Awaitable[WorkerSubscription | None]],
+    ) -> None:
+        assert settings.listen is not None
+        self.endpoint = settings.listen
+        self.unknown_topics = 0
+        self._lookup = lookup
+        self._register = register
+        self._sock = ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVHWM, settings.sub_hwm)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
+        bind_endpoint(self._sock, self.endpoint)
+        self._warned: set[bytes] = set()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                frames = await self._sock.recv_multipart()
+                await self._dispatch(frames)
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.close(linger=0)
+
+    async def _dispatch(self, frames: list[bytes]) -> None:
+        parsed = parse_topic(frames[0]) if frames else None
+        if parsed is None:
+            self.unknown_topics += 1
+            topic = frames[0][:64] if frames else b""
+            if topic not in self._warned and len(self._warned) < 100:
+                self._warned.add(topic)
+                log.warning("listener: frame with unusable topic %r (counted)", topic)
+            return
+        worker_id, model = parsed
+        sub = self._lookup(worker_id)
+        if sub is None:
+            spec = WorkerSpec(
+                worker_id=worker_id,
+                endpoint=self.endpoint,
+                topic=frames[0].decode(),
+                model=model,
+                via_listener=True,
+            )
+            sub = await self._register(spec)
+            if sub is None:
+                self.unknown_topics += 1
+                return
+        if isinstance(sub, FedSubscription):
+            await sub.feed(frames)
+        else:  # registered with its own socket too: its own loop ingests it
+            self.unknown_topics += 1
+
+
+async def cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task

@@ -1,0 +1,1 @@
+"""Operator commands: ``kvroute tail`` (watch a stream) and ``kvroute demo``."""

@@ -1,0 +1,228 @@
+"""``kvroute tail``: pretty-print a live vLLM-format KV event stream.
+
+A debugging tool for engine operators: it shows what an engine actually publishes (batch
+seq, topic, time, DP rank, and each event's group, tier, block count and hashes), where
+sequence numbers jump (lost batches), and with ``--replay`` fetches the missed batches
+from the engine's replay socket, exactly as the router would. Nothing it receives is
+fatal: undecodable payloads and malformed frames are printed and skipped.
+
+Output formatting lives in ``router.ops.tail_print``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from rich.console import Console
+
+from router.ops.tail_print import Frame, Printer
+from schemas import REPLAY_END_SEQ
+
+
+@dataclass
+class TailState:
+    """Per-topic sequence tracking (one topic = one publisher)."""
+
+    last_seq: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+
+
+def subscriber_endpoint(endpoint: str) -> str:
+    """Where a consumer connects for an engine-side endpoint (``*`` means this host)."""
+    return endpoint.replace("://*:", "://127.0.0.1:")
+
+
+def parse_live(parts: list[bytes]) -> Frame | str:
+    """A live multipart message, or a description of why it is malformed."""
+    if len(parts) != 3:
+        return f"expected 3 frames [topic, seq, payload], got {len(parts)}"
+    topic, seq, payload = parts
+    if len(seq) != 8:
+        return f"seq frame must be 8 bytes, got {len(seq)}"
+    return Frame(topic.decode("utf-8", "replace"), int.from_bytes(seq, "big"), payload)
+
+
+def fetch_replay(ctx: zmq.Context[Any], endpoint: str, start_seq: int, timeout_s: float) -> list:
+    """Ask a replay ROUTER for every buffered batch ``seq >= start_seq`` (until its end marker).
+
+    Returns frames, plus error strings for malformed replies; an unreachable or silent
+    endpoint yields a single error after ``timeout_s``.
+    """
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    out: list[Frame | str] = []
+    try:
+        sock.connect(subscriber_endpoint(endpoint))
+        sock.send_multipart([b"", start_seq.to_bytes(8, "big")])
+        while True:
+            if not sock.poll(int(timeout_s * 1000)):
+                out.append(f"replay from {endpoint} timed out after {timeout_s:g}s")
+                return out
+            parts = sock.recv_multipart()
+            if len(parts) != 4 or parts[0] != b"":
+                out.append(f"malformed replay reply ({len(parts)} frames)")
+                continue
+            _, topic, seq, payload = parts
+            if len(seq) != 8:
+                out.append(f"replay seq frame must be 8 bytes, got {len(seq)}")
+                continue
+            if seq == REPLAY_END_SEQ and not payload:
+                return out
+            out.append(
+                Frame(topic.decode("utf-8", "replace"), int.from_bytes(seq, "big"), payload, True)
+            )
+    finally:
+        sock.close()
+
+
+class Tail:
+    """Sequence tracking, gap handling and replay around a ``Printer``."""
+
+    def __init__(self, printer: Printer, ctx: zmq.Context[Any], args: argparse.Namespace) -> None:
+        self.printer = printer
+        self.ctx = ctx
+        self.replay: str | None = args.replay
+        self.replay_timeout: float = args.replay_timeout
+        self.count: int | None = args.count
+        self.state = TailState()
+        # Highest seq already printed from an initial --from-seq replay, per topic: live
+        # copies of those batches are duplicates, not a publisher restart.
+        self._replayed_upto: dict[str, int] = {}
+
+    @property
+    def done(self) -> bool:
+        return self.count is not None and self.state.batches >= self.count
+
+    def _emit(self, frame: Frame) -> None:
+        if self.done:
+            return
+        self.printer.batch(frame)
+        self.state.last_seq[frame.topic] = frame.seq
+        self.state.batches += 1
+
+    def replay_from(self, start_seq: int, topic: str | None, below: int | None) -> int:
+        """Print replayed batches ``start_seq <= seq < below`` (of ``topic`` if given)."""
+        assert self.replay is not None
+        printed = 0
+        for item in fetch_replay(self.ctx, self.replay, start_seq, self.replay_timeout):
+            if isinstance(item, str):
+                self.printer.error(topic, None, item)
+                continue
+            if topic is not None and item.topic != topic:
+                continue
+            if item.seq < start_seq or (below is not None and item.seq >= below):
+                continue
+            last = self.state.last_seq.get(item.topic)
+            if last is not None and item.seq <= last:
+                continue
+            self._emit(item)
+            printed += 1
+        return printed
+
+    def initial_replay(self, from_seq: int) -> None:
+        self.replay_from(from_seq, None, None)
+        self._replayed_upto = dict(self.state.last_seq)
+
+    def on_live(self, frame: Frame) -> None:
+        topic, seq = frame.topic, frame.seq
+        upto = self._replayed_upto.get(topic)
+        if upto is not None:
+            if seq <= upto:
+                return
+            del self._replayed_upto[topic]
+        last = self.state.last_seq.get(topic)
+        if last is not None and seq <= last:
+            self.printer.restart(topic, last, seq)
+        elif last is not None and seq > last + 1:
+            self.printer.gap(topic, last + 1, seq - 1, self.replay is not None)
+            if self.replay is not None:
+                got = self.replay_from(last + 1, topic, seq)
+                if got < seq - last - 1 and not self.done:
+                    self.printer.error(
+                        topic,
+                        None,
+                        f"replay supplied {got} of {seq - last - 1} missing batches "
+                        "(older than the publisher's buffer?)",
+                    )
+        self._emit(frame)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvroute tail",
+        description="Pretty-print a live vLLM-format KV event stream (ZMQ PUB), show gaps.",
+    )
+    parser.add_argument("endpoint", help="engine PUB endpoint, e.g. tcp://127.0.0.1:5557")
+    parser.add_argument("--replay", metavar="ENDPOINT", help="engine replay ROUTER endpoint")
+    parser.add_argument("--topic", default="", help="topic prefix filter (default: every topic)")
+    parser.add_argument(
+        "--from-seq", type=int, metavar="N", help="first replay batches seq >= N (needs --replay)"
+    )
+    parser.add_argument("--count", type=int, metavar="N", help="exit after N batches")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument(
+        "--bind", action="store_true", help="bind ENDPOINT instead of connecting (engine connects)"
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        metavar="S",
+        help="exit with status 1 after S seconds without a message",
+    )
+    parser.add_argument(
+        "--replay-timeout", type=float, default=3.0, metavar="S", help="replay answer timeout"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """The tail loop; returns the exit status."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, args.topic.encode())
+    printer = Printer(console, args.json)
+    tail = Tail(printer, ctx, args)
+    try:
+        if args.bind:
+            sub.bind(args.endpoint)
+        else:
+            sub.connect(subscriber_endpoint(args.endpoint))
+        if args.from_seq is not None:
+            tail.initial_replay(args.from_seq)
+        idle_ms = 0.0
+        while not tail.done:
+            if not sub.poll(200):
+                idle_ms += 200
+                if args.idle_timeout is not None and idle_ms >= args.idle_timeout * 1000:
+                    printer.error(None, None, f"no message for {args.idle_timeout:g}s")
+                    return 1
+                continue
+            idle_ms = 0.0
+            parsed = parse_live(sub.recv_multipart())
+            if isinstance(parsed, str):
+                printer.error(None, None, f"malformed message: {parsed}")
+                continue
+            tail.on_live(parsed)
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except zmq.ZMQError as exc:
+        printer.error(None, None, f"zmq: {exc}")
+        return 2
+    finally:
+        sub.close()
+        ctx.term()
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.from_seq is not None and args.replay is None:
+        parser.error("--from-seq needs --replay ENDPOINT")
+    console = Console(file=sys.stdout, soft_wrap=True, highlight=False)
+    return run(args, console)

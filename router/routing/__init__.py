@@ -1,0 +1,1 @@
+"""Routing: policies, in-flight state and the decision core over score results."""

@@ -1,0 +1,394 @@
+"""The router's routing state and the one entry point that turns scores into decisions.
+
+* :class:`InflightTable` -- a request counts as load on its worker from dispatch until
+  it is finished or its TTL passes (expired lazily, on every call, in deadline order).
+* :class:`PrefixMemory` -- short-lived *predicted* entries (prefix -> chosen worker) so a
+  burst of siblings sharing a new prefix lands together before the engine's events
+  arrive, and a sliding window of recent prefixes to detect hot ones (system prompts).
+* :class:`RoutingCore` -- scores + state -> :mod:`router.routing.policy` -> decision. The REST
+  API and the trace simulation both drive this class; only the clock differs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from router.routing.policy import (
+    DEFAULT_POLICY,
+    Policy,
+    PolicyWeights,
+    RouteInput,
+    WorkerView,
+    make_policy,
+)
+
+
+class DuplicateRequestError(KeyError):
+    """A request id that is still in flight was dispatched again."""
+
+
+@dataclass(slots=True)
+class Inflight:
+    request_id: str
+    worker_id: str
+    deadline: float
+    prefill_tokens: float
+    decode_tokens: float
+
+
+@dataclass(slots=True)
+class WorkerLoad:
+    """A worker's load as the router sees it. ``prefill_backlog`` is the uncached prompt
+    tokens dispatched to it that it has not prefilled yet (a fluid estimate)."""
+
+    requests: int = 0
+    prefill_backlog: float = 0.0
+    decode_tokens: float = 0.0
+    updated: float = 0.0
+
+
+class InflightTable:
+    """In-flight requests per worker, with a TTL so lost finishes cannot leak load.
+
+    Prefill backlog: each dispatch adds its uncached tokens; with ``prefill_tps > 0`` the
+    backlog drains at that rate (the router's estimate of a worker's prefill speed), so a
+    request that is long past its prefill -- decoding -- stops counting as prefill work
+    without the engine telling the router. With ``prefill_tps == 0`` it drains only when
+    requests finish. The backlog is zero whenever nothing is in flight.
+    """
+
+    def __init__(self, ttl: float = 120.0, prefill_tps: float = 0.0) -> None:
+        if ttl <= 0:
+            raise ValueError("ttl must be positive")
+        if prefill_tps < 0:
+            raise ValueError("prefill_tps must be >= 0")
+        self.ttl = ttl
+        self.prefill_tps = prefill_tps
+        self.expired = 0
+        self._items: dict[str, Inflight] = {}
+        self._loads: dict[str, WorkerLoad] = {}
+        self._deadlines: list[tuple[float, str]] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._items
+
+    def _drain(self, load: WorkerLoad, now: float) -> None:
+        if self.prefill_tps > 0 and now > load.updated:
+            done = (now - load.updated) * self.prefill_tps
+            load.prefill_backlog = max(0.0, load.prefill_backlog - done)
+            load.updated = now
+
+    def add(
+        self,
+        request_id: str,
+        worker_id: str,
+        now: float,
+        prefill_tokens: float = 0.0,
+        decode_tokens: float = 0.0,
+    ) -> Inflight:
+        if request_id in self._items:
+            raise DuplicateRequestError(request_id)
+        item = Inflight(request_id, worker_id, now + self.ttl, prefill_tokens, decode_tokens)
+        self._items[request_id] = item
+        load = self._loads.get(worker_id)
+        if load is None:
+            load = self._loads[worker_id] = WorkerLoad(updated=now)
+        self._drain(load, now)
+        load.requests += 1
+        load.prefill_backlog += prefill_tokens
+        load.decode_tokens += decode_tokens
+        heapq.heappush(self._deadlines, (item.deadline, request_id))
+        return item
+
+    def finish(self, request_id: str) -> Inflight | None:
+        """Remove a request; None when it is unknown (never dispatched, or expired)."""
+        item = self._items.pop(request_id, None)
+        if item is None:
+            return None
+        load = self._loads[item.worker_id]
+        load.requests -= 1
+        if load.requests == 0:
+            del self._loads[item.worker_id]  # also resets float drift
+            return item
+        load.decode_tokens -= item.decode_tokens
+        if self.prefill_tps == 0:
+            load.prefill_backlog -= item.prefill_tokens
+        return item
+
+    def expire(self, now: float) -> int:
+        """Drop every request whose deadline has passed; returns how many."""
+        n = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, request_id = heapq.heappop(self._deadlines)
+            item = self._items.get(request_id)
+            if item is not None and item.deadline == deadline:
+                self.finish(request_id)
+                n += 1
+        self.expired += n
+        return n
+
+    def load(self, worker_id: str, now: float | None = None) -> WorkerLoad:
+        """A snapshot of the worker's load (backlog drained up to ``now`` when given)."""
+        load = self._loads.get(worker_id)
+        if load is None:
+            return WorkerLoad()
+        if now is not None:
+            self._drain(load, now)
+        return WorkerLoad(load.requests, load.prefill_backlog, load.decode_tokens, load.updated)
+
+    def requests_by_worker(self) -> dict[str, int]:
+        return {w: load.requests for w, load in self._loads.items()}
+
+
+class PrefixMemory:
+    """Prefix keys at a fixed token granularity: predictions and popularity.
+
+    Keys chain Python's tuple hash over ``block_tokens``-token chunks (ints hash the same
+    in every process), far cheaper than the engines' sha256: they only need to be stable
+    inside this router.
+    """
+
+    def __init__(
+        self,
+        block_tokens: int = 64,
+        predict_ttl: float = 3.0,
+        hot_window: int = 256,
+        hot_min_requests: int = 16,
+        hot_max_blocks: int = 64,
+    ) -> None:
+        if block_tokens <= 0:
+            raise ValueError("block_tokens must be positive")
+        self.block_tokens = block_tokens
+        self.predict_ttl = predict_ttl
+        self.hot_min_requests = hot_min_requests
+        self.hot_max_blocks = hot_max_blocks
+        self._predicted: dict[int, tuple[str, float]] = {}
+        self._expiry: deque[tuple[float, list[int]]] = deque()
+        self._window: deque[list[int]] = deque(maxlen=max(1, hot_window))
+        self._counts: Counter[int] = Counter()
+
+    def keys(self, token_ids: Sequence[int]) -> list[int]:
+        g = self.block_tokens
+        out: list[int] = []
+        parent = 0
+        for start in range(0, len(token_ids) - g + 1, g):
+            parent = hash((parent, tuple(token_ids[start : start + g])))
+            out.append(parent)
+        return out
+
+    def predicted(self, keys: Sequence[int], now: float) -> dict[str, int]:
+        """Worker -> tokens of the longest live predicted prefix routed there."""
+        best: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            entry = self._predicted.get(key)
+            if entry is None or entry[1] <= now:
+                break
+            best[entry[0]] = (i + 1) * self.block_tokens
+        return best
+
+    def remember(self, keys: Sequence[int], worker_id: str, now: float) -> None:
+        expires = now + self.predict_ttl
+        entry = (worker_id, expires)
+        self._predicted.update(dict.fromkeys(keys, entry))
+        # One expiry record per request, not per key: expiry cost stays per request.
+        self._expiry.append((expires, list(keys)))
+
+    def expire(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now:
+            expires, keys = self._expiry.popleft()
+            predicted = self._predicted
+            for key in keys:
+                entry = predicted.get(key)
+                if entry is not None and entry[1] == expires:
+                    del predicted[key]
+
+    @property
+    def predicted_entries(self) -> int:
+        return len(self._predicted)
+
+    def hot_tokens(self, keys: Sequence[int], fraction: float) -> int:
+        """Length of the longest prefix shared by ``fraction`` of the recent requests."""
+        n = len(self._window)
+        if n < self.hot_min_requests:
+            return 0
+        need = fraction * n
+        hot = 0
+        for i, key in enumerate(keys[: self.hot_max_blocks]):
+            if self._counts[key] < need:
+                break
+            hot = (i + 1) * self.block_tokens
+        return hot
+
+    def observe(self, keys: Sequence[int]) -> None:
+        if len(self._window) == self._window.maxlen:
+            for key in self._window[0]:
+                left = self._counts[key] - 1
+                if left:
+                    self._counts[key] = left
+                else:
+                    del self._counts[key]
+        head = list(keys[: self.hot_max_blocks])
+        self._window.append(head)
+        self._counts.update(head)
+
+
+class ScoreLike(Protocol):
+    """What the core needs from a scorer's per-worker answer (``schemas.rest.WorkerScore``)."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def hit_tokens(self) -> int: ...
+    @property
+    def hit_tokens_gpu(self) -> int: ...
+    @property
+    def score(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    weights: PolicyWeights = field(default_factory=PolicyWeights)
+    default_policy: str = DEFAULT_POLICY
+    inflight_ttl_s: float = 120.0
+    # The router's estimate of one worker's prefill speed (tokens/s); 0 = no draining.
+    prefill_tps: float = 16_000.0
+    predict_ttl_s: float = 3.0
+    prefix_block_tokens: int = 64
+    hot_window: int = 256
+    hot_min_requests: int = 16
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    request_id: str
+    worker_id: str
+    policy: str
+    request_tokens: int
+    hit_tokens: int
+    hit_tokens_gpu: int
+    predicted_tokens: int
+    hot_tokens: int
+    views: list[WorkerView]
+    loads: list[float]
+    costs: list[float]
+
+
+class RoutingCore:
+    """Scores in, a decision out; keeps in-flight load and prefix memory between calls."""
+
+    def __init__(
+        self,
+        config: RoutingConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or RoutingConfig()
+        make_policy(self.config.default_policy)  # validate early
+        self.clock = clock
+        self.rng = random.Random(self.config.seed)
+        self.inflight = InflightTable(self.config.inflight_ttl_s, self.config.prefill_tps)
+        self.memory = PrefixMemory(
+            self.config.prefix_block_tokens,
+            self.config.predict_ttl_s,
+            self.config.hot_window,
+            self.config.hot_min_requests,
+        )
+        self._policies: dict[str, Policy] = {}
+        # Plain counters; the API exports them as Prometheus metrics at scrape time.
+        self.routed: Counter[str] = Counter()
+        self.finished = 0
+
+    def policy(self, name: str | None) -> Policy:
+        """The (stateful) policy object for ``name``; ``ValueError`` when unknown."""
+        name = name or self.config.default_policy
+        if name not in self._policies:
+            self._policies[name] = make_policy(name)
+        return self._policies[name]
+
+    def expire(self, now: float | None = None) -> int:
+        now = self.clock() if now is None else now
+        self.memory.expire(now)
+        return self.inflight.expire(now)
+
+    def route(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        scores: Sequence[ScoreLike],
+        *,
+        policy: str | None = None,
+        decode_tokens: int | None = None,
+        now: float | None = None,
+    ) -> Decision:
+        """Choose a worker among ``scores`` (non-empty) and count the request on it."""
+        if not scores:
+            raise ValueError("no workers to route to")
+        chooser = self.policy(policy)
+        now = self.clock() if now is None else now
+        self.expire(now)
+        if request_id in self.inflight:
+            raise DuplicateRequestError(request_id)
+        weights = self.config.weights
+        n = len(token_ids)
+        # Prefix keys only feed kv_aware (predictions, hot prefixes): skip them otherwise.
+        keys = self.memory.keys(token_ids) if chooser.name == DEFAULT_POLICY else []
+        predicted = self.memory.predicted(keys, now) if keys else {}
+        hot = self.memory.hot_tokens(keys, weights.hot_fraction) if keys else 0
+        cap = max(n - 1, 0)
+        views = []
+        for s in scores:
+            load = self.inflight.load(s.worker_id, now)
+            views.append(
+                WorkerView(
+                    worker_id=s.worker_id,
+                    hit_tokens=s.hit_tokens,
+                    hit_tokens_gpu=s.hit_tokens_gpu,
+                    score=float(s.score),
+                    predicted_tokens=min(predicted.get(s.worker_id, 0), cap),
+                    inflight=load.requests,
+                    prefill_backlog=load.prefill_backlog,
+                    inflight_decode=load.decode_tokens,
+                )
+            )
+        choice = chooser.choose(RouteInput(n, hot), views, weights, self.rng)
+        chosen = views[choice.index]
+        expected = max(chosen.hit_tokens, chosen.predicted_tokens)
+        out_tokens = weights.expected_output_tokens if decode_tokens is None else decode_tokens
+        self.inflight.add(request_id, chosen.worker_id, now, float(n - expected), out_tokens)
+        if keys:
+            self.memory.remember(keys, chosen.worker_id, now)
+            self.memory.observe(keys)
+        self.routed[chooser.name] += 1
+        return Decision(
+            request_id=request_id,
+            worker_id=chosen.worker_id,
+            policy=chooser.name,
+            request_tokens=n,
+            hit_tokens=chosen.hit_tokens,
+            hit_tokens_gpu=chosen.hit_tokens_gpu,
+            predicted_tokens=chosen.predicted_tokens,
+            hot_tokens=hot,
+            views=views,
+            loads=choice.loads,
+            costs=choice.costs,
+        )
+
+    def finish(self, request_id: str, now: float | None = None) -> bool:
+        """Stop counting a request; False when it is unknown or already expired."""
+        self.expire(now)
+        if self.inflight.finish(request_id) is None:
+            return False
+        self.finished += 1
+        return True
+
+    def inflight_by_worker(self) -> dict[str, int]:
+        return self.inflight.requests_by_worker()

@@ -1,0 +1,345 @@
+"""Read side: HMA-exact per-worker scores for a request (DESIGN §3, §4).
+
+Per request: hash the token ids once per distinct group block size, fetch every worker's
+membership in one backend call, then per worker apply ``schemas.hit_rule`` twice --
+over blocks on any tier (``hit_tokens``) and over GPU blocks only (``hit_tokens_gpu``).
+
+Score (tier-weighted tokens). For a hit of ``p`` tokens, each group needs some blocks
+ending at ``p``: every block for full attention, the last ``window_blocks`` for a
+sliding window, the last one for mamba. Each needed block is weighted by the best tier
+holding it (GPU 1.0, CPU 0.8, STORAGE 0.5 by default) and
+
+    weighted(p) = p * mean(weight of every needed block, over all groups)
+    score       = max(weighted(hit_tokens), weighted(hit_tokens_gpu))
+
+so an all-GPU hit scores its token count and offloaded blocks cost in proportion.
+
+Hit lists are truncated by the backend (see ``WorkerSnapshot``) and the request length
+given to ``longest_hit`` is capped at the longest aligned position the lists can reach,
+which changes no answer but makes a worker's cost proportional to what it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from router.index.base import (
+    CPU_BIT,
+    GPU_BIT,
+    STORAGE_BIT,
+    BlockKey,
+    GroupMeta,
+    IndexBackend,
+    WorkerSnapshot,
+)
+from router.ingest.block_keys import request_keys
+from router.ingest.placement import block_keys_at
+from schemas.hit_rule import (
+    group_max_hit,
+    hit_step,
+    longest_hit,
+    max_candidate,
+)
+from schemas.rest import ScoreResponse
+
+DEFAULT_TIER_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
+
+
+# The result as msgspec Structs: the same fields, order and defaults as ``schemas.rest``'s
+# ``GroupScore`` / ``WorkerScore`` / ``ScoreResponse``, so ``msgspec.json.encode`` of a
+# result is the JSON of the validated pydantic model (tested) at a fraction of the cost --
+# /v1/score answers with it; ``Scorer.score`` still returns the pydantic model.
+class GroupRow(msgspec.Struct):
+    group_idx: int
+    kind: str | None = None
+    block_size: int | None = None
+    learned: bool = True
+    hit_tokens: int = 0
+    hit_tokens_gpu: int = 0
+
+
+class WorkerRow(msgspec.Struct):
+    worker_id: str
+    hit_tokens: int
+    hit_tokens_gpu: int
+    score: float
+    learned: bool = True
+    groups: list[GroupRow] = msgspec.field(default_factory=list)
+
+
+class ScoreResult(msgspec.Struct):
+    request_tokens: int
+    workers: list[WorkerRow]
+
+
+_encoder = msgspec.json.Encoder()
+# (hit_tokens, hit_tokens_gpu, per-group rows, score) of one membership pattern.
+_Result = tuple[int, int, list[GroupRow], float]
+# bytes.translate table: media bitmask -> GPU-only bitmask.
+_GPU_ONLY = bytes((m & GPU_BIT) for m in range(256))
+
+
+def to_response(result: ScoreResult) -> ScoreResponse:
+    """The pydantic model of a result (parsing the Structs' JSON in pydantic-core beats
+    validating built-in objects)."""
+    return ScoreResponse.model_validate_json(_encoder.encode(result))
+
+
+class Scorer:
+    """Scores requests against an index; holds no per-request state."""
+
+    def __init__(
+        self, index: IndexBackend, *, tier_weights: dict[str, float] | None = None
+    ) -> None:
+        self.index = index
+        self.tier_weights = {**DEFAULT_TIER_WEIGHTS, **(tier_weights or {})}
+        w = self.tier_weights
+        # Weight of a block by its media bitmask: the best tier holding it.
+        self._weight = [
+            w["GPU"]
+            if m & GPU_BIT
+            else w["CPU"]
+            if m & CPU_BIT
+            else w["STORAGE"]
+            if m & STORAGE_BIT
+            else 0.0
+            for m in range(256)
+        ]
+        # Block sizes seen so far (and the hash unit last seen with each): hashed up
+        # front so one fetch usually suffices.
+        self._sizes: set[int] = set()
+        self._units: dict[int, int] = {}
+        self._plans: dict[tuple[GroupMeta, ...], _Plan] = {}
+
+    async def score(
+        self,
+        token_ids: list[int],
+        worker_ids: list[str],
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> ScoreResponse:
+        """The validated pydantic model (callers that read or dump the result)."""
+        res = await self.score_result(
+            token_ids, worker_ids, lora_name=lora_name, cache_salt=cache_salt
+        )
+        return to_response(res)
+
+    async def score_result(
+        self,
+        token_ids: list[int],
+        worker_ids: list[str],
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        skip_prefix_cache: bool = False,
+    ) -> ScoreResult:
+        """Rows best first, as Structs; ``msgspec.json.encode`` gives the API's answer.
+
+        Keys are chained at each worker's hash unit (a group of block size ``k * unit``
+        reads every ``k``-th unit key). One fetch asks with the unit last seen for each
+        block size; workers whose unit or block sizes differ are asked again.
+        """
+        if skip_prefix_cache:  # vLLM reads no prefix cache for such requests
+            return ScoreResult(
+                len(token_ids), [WorkerRow(w, 0, 0, 0.0) for w in sorted(set(worker_ids))]
+            )
+        chains: dict[int, list[BlockKey]] = {}
+
+        def keys_for(bs: int, unit: int | None) -> list[BlockKey]:
+            u = unit if unit and bs % unit == 0 else bs
+            units = chains.get(u)
+            if units is None:
+                units = chains[u] = request_keys(token_ids, u, lora_name, cache_salt)
+            return block_keys_at(units, bs // u)
+
+        used = {bs: self._units.get(bs) or bs for bs in self._sizes}
+        keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
+        snaps = await self.index.fetch(worker_ids, keys)
+        again: dict[int | None, list[str]] = {}
+        for wid, snap in snaps.items():
+            if snap is None:
+                continue
+            unit = snap.hash_unit
+            for g, m in snap.groups.items():
+                if g not in snap.masks or used.get(m.block_size) != (unit or m.block_size):
+                    again.setdefault(unit, []).append(wid)
+                    break
+        for unit, wids in again.items():
+            sizes = {m.block_size for w in wids for m in snaps[w].groups.values()}  # type: ignore[union-attr]
+            for bs in sizes:
+                self._sizes.add(bs)
+                self._units[bs] = unit or bs
+            snaps.update(await self.index.fetch(wids, {bs: keys_for(bs, unit) for bs in sizes}))
+        n = len(token_ids)
+        memo: dict[object, Any] = {}
+        rows = [self._worker(wid, snaps.get(wid), n, memo) for wid in dict.fromkeys(worker_ids)]
+        rows.sort(key=_order)
+        return ScoreResult(n, rows)
+
+    def _worker(
+        self, worker_id: str, snap: WorkerSnapshot | None, n: int, memo: dict[object, Any]
+    ) -> WorkerRow:
+        """One worker's row; workers with identical patterns share one computation."""
+        if snap is None or not snap.groups:
+            return WorkerRow(worker_id, 0, 0, 0.0, False)
+        groups = snap.groups
+        order = sorted(groups)
+        if len(order) != order[-1] + 1:
+            # A group index below a learned one never announced itself: its blocks and
+            # kind are unknown, so any hit would be a guess.
+            return WorkerRow(
+                worker_id,
+                0,
+                0,
+                0.0,
+                False,
+                [_group_row(g, groups.get(g)) for g in range(order[-1] + 1)],
+            )
+        metas = tuple(groups[g] for g in order)
+        masks = snap.masks
+        any_lists = tuple(masks.get(g, b"") for g in order)
+        # EAGLE/MTP changes the rule (vLLM drops the last matched block); the hash unit
+        # bounds its peek block. None: the plain rule.
+        eagle = (snap.hash_unit or 0) if snap.settings.eagle else None
+        memo_key = (metas, any_lists, eagle)
+        done = memo.get(memo_key)
+        if done is None:
+            done = memo[memo_key] = self._compute(metas, any_lists, n, memo, eagle)
+        hit, hit_gpu, group_rows, score = done
+        # A copy per worker: rows never share a mutable list.
+        return WorkerRow(worker_id, hit, hit_gpu, score, True, list(group_rows))
+
+    def _compute(
+        self,
+        metas: tuple[GroupMeta, ...],
+        any_lists: Sequence[bytes],
+        n: int,
+        memo: dict[object, Any],
+        eagle: int | None = None,
+    ) -> _Result:
+        """(hit_tokens, hit_tokens_gpu, per-group rows, score) for one pattern."""
+        plan = self._plans.get(metas)
+        if plan is None:
+            if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
+                self._plans.clear()
+            plan = self._plans[metas] = _Plan(metas)
+        hit, own = _tier(plan, any_lists, n, memo, eagle)
+        gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
+        if gpu_lists == list(any_lists):
+            hit_gpu, own_gpu = hit, own
+        else:
+            hit_gpu, own_gpu = _tier(plan, _truncate(plan, gpu_lists), n, memo, eagle)
+        score = max(self._weighted(hit, plan, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
+        rows = [
+            GroupRow(g, m.kind, m.block_size, True, h, hg)
+            for g, (m, h, hg) in enumerate(zip(metas, own, own_gpu, strict=True))
+        ]
+        return hit, hit_gpu, rows, round(score, 3)
+
+    def _weighted(self, p: int, plan: _Plan, lists: Sequence[bytes]) -> float:
+        """``p`` times the mean tier weight of every block the hit needs (see module doc)."""
+        if p <= 0:
+            return 0.0
+        total = 0.0
+        count = 0
+        weight = self._weight
+        for (bs, rule, window_blocks), lst in zip(plan.shapes, lists, strict=True):
+            end = p // bs
+            start = (
+                0
+                if rule == "full"
+                else max(0, end - window_blocks)
+                if rule == "sliding"
+                else end - 1
+            )
+            needed = lst[start:end]
+            k = len(needed)
+            w = weight[needed[0]] if k else 0.0
+            if k and w.is_integer() and needed.count(needed[0]) == k:
+                # One tier throughout (the usual case) with an integral weight: adding k
+                # copies of w is exact, so w * k is the very float the sum would give.
+                total += w * k
+            else:
+                total += sum(map(weight.__getitem__, needed))
+            count += k
+        return p * total / count if count else float(p)
+
+
+class _Plan:
+    """What one group layout (a worker's tuple of ``GroupMeta``) needs, derived once per
+    scorer instead of once per worker and request: the specs, the hit step and each
+    group's (block size, rule, window blocks)."""
+
+    __slots__ = ("metas", "shapes", "specs", "step")
+
+    def __init__(self, metas: tuple[GroupMeta, ...]) -> None:
+        self.metas = metas
+        self.specs = [m.spec() for m in metas]
+        self.step = hit_step(self.specs)
+        self.shapes = [(s.block_size, s.rule, s.window_blocks) for s in self.specs]
+
+
+def _truncate(plan: _Plan, lists: list[bytes]) -> list[bytes]:
+    """Cut lists as ``WorkerSnapshot`` documents (exact for the rule, shorter scans):
+    full-attention lists at their first miss, the others after their last hit and at
+    the shortest full-attention prefix."""
+    bound: int | None = None
+    out = list(lists)
+    for i, ((bs, rule, _), lst) in enumerate(zip(plan.shapes, lists, strict=True)):
+        if rule == "full":
+            z = lst.find(0)
+            if z >= 0:
+                out[i] = lst[:z]
+            reach = len(out[i]) * bs
+            bound = reach if bound is None else min(bound, reach)
+    for i, ((bs, rule, _), lst) in enumerate(zip(plan.shapes, lists, strict=True)):
+        if rule != "full":
+            cut = lst if bound is None else lst[: bound // bs]
+            out[i] = cut.rstrip(b"\0")
+    return out
+
+
+def _tier(
+    plan: _Plan, lists: Sequence[bytes], n: int, memo: dict[object, Any], eagle: int | None = None
+) -> tuple[int, list[int]]:
+    """The joint hit and each group's own hit, for one tier.
+
+    Each group's own maximum (``group_max_hit``) bounds the joint answer, so
+    ``longest_hit`` starts its descent there: same answer, a much shorter scan. Group
+    maxima are memoised per request: workers and tiers often share one group's list.
+    """
+    step = plan.step
+    top = max_candidate(n, step)
+    own = []
+    for meta, spec, lst in zip(plan.metas, plan.specs, lists, strict=True):
+        limit = min(top, (len(lst) * meta.block_size // step) * step)
+        if limit <= 0:
+            own.append(0)
+            continue
+        key = (meta, lst, limit, step)  # GroupMeta hashes in C, GroupSpec in Python
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = group_max_hit(spec, lst, limit, step)
+        own.append(got)
+    if eagle is not None:  # the per-group maxima do not bound the EAGLE rule
+        hit = longest_hit(n, plan.specs, lists, eagle=True, hash_block_size=eagle or None)
+        return hit, own
+    bound = min(own)
+    if bound <= 0 or bound == max(own):
+        return max(bound, 0), own  # every group accepts ``bound``: it is the answer
+    return longest_hit(bound + 1, plan.specs, lists), own
+
+
+def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
+    if meta is None:
+        return GroupRow(g, learned=False)
+    return GroupRow(g, meta.kind, meta.block_size)
+
+
+def _order(row: WorkerRow) -> tuple[float, int, str]:
+    """Best first: score, then hit tokens, then worker id."""
+    return (-row.score, -row.hit_tokens, row.worker_id)
