@@ -59,7 +59,7 @@ def create_app(
     strict_model: bool = False,
     token_delay_s: float = 0.0,
 ) -> FastAPI:
-    """``tokenizer``: a ``router.proxy.tokenization.ModelTokenizer`` for text prompts and
+    """``tokenizer``: a ``schemas.tokenization.ModelTokenizer`` for text prompts and
     chat; ``token_delay_s``: the simulated time per generated token (streams pace by it)."""
     lock = asyncio.Lock()
     wid = engine.config.worker_id
@@ -246,7 +246,7 @@ def run_server(
 
     tok = None
     if tokenizer:
-        from router.proxy.tokenization import ModelTokenizer
+        from schemas.tokenization import ModelTokenizer
 
         try:
             tok = ModelTokenizer(tokenizer)

@@ -20,9 +20,9 @@ from router.config import RouterSettings
 from router.index import IndexUnavailable
 from router.proxy.health import HealthMonitor
 from router.proxy.metrics import ProxyCounters
-from router.proxy.tokenization import TokenizerRegistry, completion_tokens
 from router.routing.state import Decision, RoutingCore
 from router.service import RouterService
+from schemas.tokenization import TokenizerRegistry, completion_tokens
 
 log = logging.getLogger(__name__)
 

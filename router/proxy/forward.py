@@ -24,10 +24,10 @@ import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.proxy.core import Proxy, ProxyError
-from router.proxy.tokenization import TokenizationError
 from router.routing.policy import POLICY_NAMES
 from router.routing.state import Decision
 from router.service import UnknownWorker
+from schemas.tokenization import TokenizationError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from router.proxy.tiny_tokenizer import DEFAULT_DIR, build
-from router.proxy.tokenization import (
+from schemas.tokenization import (
     ModelTokenizer,
     TokenizationError,
     TokenizerRegistry,
