@@ -361,35 +361,43 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a simulated engine worker that serves /v1/completions and "
         "publishes vLLM-format KV events (prefix caching, hybrid groups, CPU offload).",
     )
-    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
-    p.add_argument("--port", type=int, default=8100, help="HTTP port")
-    p.add_argument("--worker-id", default="engine-0", help="worker id (event topic, /health)")
-    p.add_argument("--publish", default="tcp://*:5557", help="PUB endpoint ('' disables)")
-    p.add_argument("--replay", default="tcp://*:5558", help="replay ROUTER endpoint ('' off)")
-    p.add_argument("--topic", default=None, help="ZMQ topic (default kv@<worker-id>)")
-    p.add_argument(
-        "--gpu-blocks", type=int, default=1024, help="GPU pool size (block 0 is the null block)"
+    add = p.add_argument
+    add("--host", default="127.0.0.1", help="HTTP bind address (default loopback only)")
+    add("--port", type=int, default=8100, help="HTTP port for /v1/completions")
+    add("--worker-id", default="engine-0", help="worker id, also the default topic suffix")
+    add(
+        "--publish",
+        default="tcp://*:5557",
+        help="KV event PUB endpoint; vLLM's rule: a wildcard host (*) binds, a concrete "
+        "host connects ('' disables)",
     )
-    p.add_argument("--cpu-blocks", type=int, default=4096, help="0 disables offloading")
-    p.add_argument(
+    add(
+        "--replay",
+        default="tcp://127.0.0.1:5558",
+        help="replay ROUTER endpoint, always bound (default loopback only; '' disables)",
+    )
+    add("--topic", default=None, help="ZMQ topic (default kv@<worker-id>)")
+    add("--gpu-blocks", type=int, default=1024, help="GPU pool size (block 0 is the null block)")
+    add("--cpu-blocks", type=int, default=4096, help="CPU offload blocks; 0 disables offloading")
+    add(
         "--groups",
         default="full:16",
         help="KV cache groups in group order, KIND:BLOCK_SIZE[:WINDOW] (kinds full, mla, "
         "swa, mamba; block sizes may differ), e.g. full:16,swa:16:1024 or mla:256,swa:64:128",
     )
-    p.add_argument(
+    add(
         "--hash-block-size",
         type=int,
         default=None,
         help="token granularity of block hashes (vLLM's hash_block_size); must divide every "
         "block size; default: the block size (one group) or the gcd of the block sizes",
     )
-    p.add_argument(
+    add(
         "--eagle",
         action="store_true",
         help="EAGLE/MTP speculative decoding: hits drop the last matched block, as vLLM does",
     )
-    p.add_argument(
+    add(
         "--retention-interval",
         type=int,
         default=None,
@@ -397,20 +405,27 @@ def build_parser() -> argparse.ArgumentParser:
         "states once per this many tokens (a multiple of the lcm of the block sizes; 0 = "
         "only the replay boundary); default: dense",
     )
-    p.add_argument(
-        "--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256", help="block hash"
+    add(
+        "--hash",
+        dest="hash_algo",
+        choices=HASH_ALGOS,
+        default="sha256",
+        help="block hash algorithm (as vLLM's --prefix-caching-hash-algo)",
     )
-    p.add_argument("--cpu-policy", choices=("lru", "arc"), default="lru", help="CPU tier eviction")
-    p.add_argument("--num-heads", type=int, default=2, help="simulated KV heads per block")
-    p.add_argument("--head-dim", type=int, default=8, help="simulated head dimension")
-    p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
-    p.add_argument("--log-level", default="info", help="logging level")
+    add("--cpu-policy", choices=("lru", "arc"), default="lru", help="CPU tier eviction policy")
+    add("--num-heads", type=int, default=2, help="KV heads of the simulated model")
+    add("--head-dim", type=int, default=8, help="head dimension of the simulated model")
+    add("--device", default=None, help="torch device (default: cuda if present)")
+    add(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log level",
+    )
     # The OpenAI API (offload_core/engine_app.py): text prompts and chat need a tokenizer.
-    p.add_argument("--tokenizer", default=None, help="dir with tokenizer.json (text, chat)")
-    p.add_argument(
-        "--served-model-name", default=None, help="its model (default kvroute-sim, any name ok)"
-    )
-    p.add_argument("--token-delay-ms", type=float, default=0.0, help="simulated decode step")
+    add("--tokenizer", default=None, help="dir with tokenizer.json (text, chat)")
+    add("--served-model-name", default=None, help="its model (default kvroute-sim, any name ok)")
+    add("--token-delay-ms", type=float, default=0.0, help="simulated decode step")
     return p
 
 

@@ -7,6 +7,7 @@ when asked for, so ``kvroute serve`` never imports torch (only ``kvroute engine`
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -18,8 +19,19 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Optional dependencies a subcommand needs, and the extra that installs them.
+EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {"engine": (("torch",), "engine")}
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("kvroute")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed
+        return "unknown"
+
+
 def _usage() -> str:
-    lines = ["usage: kvroute <command> [options]", "", "commands:"]
+    lines = ["usage: kvroute [--version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines.append("\nrun `kvroute <command> --help` for a command's options")
     return "\n".join(lines)
@@ -30,11 +42,25 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"kvroute {version()}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
         print(f"kvroute: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+    except ModuleNotFoundError as exc:
+        needs, extra = EXTRAS.get(name, ((), ""))
+        if exc.name is None or exc.name.partition(".")[0] not in needs:
+            raise
+        print(
+            f"kvroute {name}: needs {exc.name}, which is not installed; "
+            f"install it with: pip install 'kvroute[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
     return int(module.main(rest) or 0)
 
 

@@ -7,6 +7,7 @@ demo build a router the same way. A YAML/JSON file (``--config FILE`` or
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from contextvars import ContextVar
@@ -23,7 +24,8 @@ from pydantic_settings import (
 )
 
 from router.index.base import EngineSettings
-from schemas.rest import WORKER_ID_PATTERN
+from schemas.endpoints import parse_allow_list
+from schemas.rest import WORKER_ID_PATTERN, Endpoint, HttpEndpoint, ShortStr
 
 ENV_PREFIX = "KVROUTE_"
 DEFAULT_TIER_WEIGHTS = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
@@ -35,11 +37,11 @@ class WorkerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     worker_id: str = Field(pattern=WORKER_ID_PATTERN)
-    endpoint: str = Field(min_length=1)
-    replay_endpoint: str | None = None
-    topic: str = ""
-    model: str | None = None
-    http_endpoint: str | None = None
+    endpoint: Endpoint
+    replay_endpoint: Endpoint | None = None
+    topic: ShortStr = ""
+    model: ShortStr | None = None
+    http_endpoint: HttpEndpoint | None = None
     # The engine's cache settings its events do not carry (see docs/vllm.md).
     hash_block_size: int | None = Field(default=None, ge=1)
     # Bind the SUB at ``endpoint`` and let the engine connect: vLLM connects its PUB for
@@ -115,9 +117,16 @@ class RouterSettings(BaseSettings):
     log_json: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
-    # Auth: a key required on mutating endpoints (and on every /v1 endpoint with api_key_all)
+    # Auth (docs/security.md): the key is required on every mutating or load-changing
+    # endpoint (workers register/delete, route, finish), and on every /v1 read too with
+    # api_key_all. Binding beyond loopback without a key needs allow_insecure_remote.
     api_key: str | None = None
     api_key_all: bool = False
+    allow_insecure_remote: bool = False
+    # Worker registration: hosts/CIDRs the router may connect to (empty = any), and a cap
+    # on workers (each holds ZMQ sockets; the context's socket limit is sized from it).
+    worker_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    max_workers: int = Field(default=128, ge=1, le=4096)
     # Index
     index: Literal["memory", "redis"] = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -126,6 +135,9 @@ class RouterSettings(BaseSettings):
     default_block_size: int | None = Field(default=None, ge=1)
     workers: Annotated[list[WorkerSpec], NoDecode] = Field(default_factory=list)
     replay_timeout_s: float = Field(default=2.0, gt=0)
+    # Bounds on one replay answer (frames and payload bytes); beyond them it is dropped.
+    replay_max_frames: int = Field(default=100_000, ge=1)
+    replay_max_bytes: int = Field(default=256 << 20, ge=1024)
     # Replay each publisher's buffer whenever its SUB connection is (re)established.
     replay_on_connect: bool = True
     # One bound SUB every engine connects to (llm-d's deployment); workers are created
@@ -149,6 +161,8 @@ class RouterSettings(BaseSettings):
     recent_routes: int = Field(default=200, ge=1)
     # Dashboard stream (/v1/stream): seconds between summaries
     stream_period_s: float = Field(default=1.0, gt=0)
+    stream_max_clients: int = Field(default=256, ge=1)
+    stream_queue_size: int = Field(default=8, ge=1)
     # Routing (/v1/route; see router.policy and the README's routing section)
     route_policy: str = "kv_aware"
     route_weights: dict[str, float] = Field(
@@ -186,6 +200,16 @@ class RouterSettings(BaseSettings):
             return [parse_worker_spec(s) for s in text.replace(";", " ").split()]
         if isinstance(value, list):
             return [parse_worker_spec(v) if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("worker_allow", mode="before")
+    @classmethod
+    def _parse_allow(cls, value: Any) -> Any:
+        """A list, or hosts/CIDRs separated by commas or whitespace; each one checked."""
+        if isinstance(value, str):
+            value = value.replace(",", " ").split()
+        if isinstance(value, list):
+            parse_allow_list([str(v) for v in value])  # raises ValueError naming the entry
         return value
 
     @field_validator("tier_weights")
@@ -238,13 +262,43 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def _unknown(names: set[str], known: set[str], what: str) -> str:
+    hints = []
+    for name in sorted(names):
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return f"unknown {what}: {', '.join(hints)}"
+
+
+def check_unknown_keys(
+    file_data: dict[str, Any] | None, environ: dict[str, str] | None = None
+) -> None:
+    """``ValueError`` naming every config-file key and ``KVROUTE_*`` variable that is not
+    a setting: a typo must not leave the router silently on a default (0 workers...)."""
+    fields = set(RouterSettings.model_fields)
+    problems = []
+    if file_data:
+        bad = {str(k) for k in file_data} - fields
+        if bad:
+            problems.append(_unknown(bad, fields, "config file key(s)"))
+    env = os.environ if environ is None else environ
+    known_env = {ENV_PREFIX + f.upper() for f in fields} | {ENV_PREFIX + "CONFIG"}
+    bad_env = {k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known_env}
+    if bad_env:
+        problems.append(_unknown(bad_env, known_env, "environment variable(s)"))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def load_settings(config_file: str | None = None, **overrides: Any) -> RouterSettings:
     """Build settings from defaults, the config file (or ``KVROUTE_CONFIG``), env, overrides.
 
-    ``overrides`` (CLI flags) win; keys whose value is None are ignored.
+    ``overrides`` (CLI flags) win; keys whose value is None are ignored. Unknown file keys
+    and ``KVROUTE_*`` variables raise ``ValueError``.
     """
     path = config_file or os.environ.get(f"{ENV_PREFIX}CONFIG")
     data = read_config_file(path) if path else None
+    check_unknown_keys(data)
     token = _FILE_DATA.set(data)
     try:
         return RouterSettings(**{k: v for k, v in overrides.items() if v is not None})

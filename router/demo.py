@@ -117,9 +117,10 @@ def start_engines(args: argparse.Namespace, logdir: Path) -> list[Engine]:
         cmd = [
             sys.executable, "-m", "router.cli", "engine",
             "--host", "127.0.0.1", "--port", str(e.port), "--worker-id", e.worker_id,
-            # "*" makes the publisher bind (vLLM's rule: a concrete host means connect).
+            # "*" makes the publisher bind (vLLM's rule: a concrete host means connect);
+            # the replay ROUTER always binds, so it stays on loopback.
             "--publish", f"tcp://*:{e.pub_port}",
-            "--replay", f"tcp://*:{e.replay_port}",
+            "--replay", f"tcp://127.0.0.1:{e.replay_port}",
             "--gpu-blocks", str(args.gpu_blocks), "--cpu-blocks", str(args.cpu_blocks),
             "--groups", args.groups, "--log-level", "warning",
             "--tokenizer", str(TOKENIZER), "--served-model-name", MODEL,
@@ -379,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start simulated engines and the router, replay a workload through "
         "the router's OpenAI proxy with each policy, and compare engine-measured cache hits.",
     )
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=4, help="simulated engines to start")
     p.add_argument("--requests", type=int, default=600, help="requests per policy")
     p.add_argument("--policies", type=_policies, default=list(DEFAULT_POLICIES),
                    help=f"comma-separated, from {', '.join(POLICY_NAMES)}")  # fmt: skip
@@ -397,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Small enough that where requests go decides what stays cached.
     p.add_argument("--gpu-blocks", type=int, default=768, help="per engine")
     p.add_argument("--cpu-blocks", type=int, default=256, help="per engine; 0 = no offload")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="workload random seed")
     p.add_argument("--out", default="artifacts/demo.png", help="PNG chart path")
     p.add_argument("--json", default=None, help="also write the results as JSON here")
     p.add_argument("--start-timeout", type=float, default=120.0, help="engine start-up, s")

@@ -47,6 +47,8 @@ _WORKER_COUNTERS = (
     ("ingest_retries", "ingest_retries", "index writes retried while the index was down"),
     ("ingest_errors", "ingest_errors", "index writes that failed (not an outage): repaired"),
     ("tail_checks", "tail_checks", "idle-time replay asks for frames lost at the tail"),
+    ("replay_overflows", "replay_overflows", "replay answers dropped for exceeding the bounds"),
+    ("task_restarts", "task_restarts", "subscription tasks restarted after a failure"),
 )
 # (metric suffix, DecodeStats field, help)
 _DECODE_COUNTERS = (

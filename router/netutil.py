@@ -3,9 +3,11 @@ the demo, benchmarks and tests."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import zmq
+import zmq.asyncio
 
 
 def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -68,3 +70,36 @@ def connect_endpoint(sock: zmq.Socket, endpoint: str) -> None:
             f"cannot connect to {endpoint!r} ({exc.strerror}); name a host and port the "
             "engine binds, e.g. tcp://10.0.0.5:5557"
         ) from None
+
+
+def open_monitor(ctx: zmq.asyncio.Context, sub: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
+    """A PAIR receiving ``sub``'s connect/disconnect events, opened in the order that
+    cannot leak: our PAIR end first, then libzmq's. (pyzmq's ``get_monitor_socket`` does
+    the reverse, leaving libzmq's end without a peer when ours cannot be opened - the
+    context out of sockets - and disabling that monitor then blocks forever.)"""
+    monitor = ctx.socket(zmq.PAIR)
+    addr = f"inproc://kvroute-monitor-{id(sub):x}"
+    try:
+        sub.monitor(
+            addr,
+            zmq.EVENT_CONNECTED
+            | zmq.EVENT_ACCEPTED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_MONITOR_STOPPED,
+        )
+        monitor.connect(addr)
+    except zmq.ZMQError:
+        monitor.close(linger=0)
+        raise
+    return monitor
+
+
+def close_monitored(sub: zmq.asyncio.Socket | None, monitor: zmq.asyncio.Socket | None) -> None:
+    """Stop ``sub``'s monitor (when one was opened) and close both sockets."""
+    if sub is not None and monitor is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            sub.monitor(None, 0)
+    if monitor is not None:
+        monitor.close(linger=0)
+    if sub is not None:
+        sub.close(linger=0)

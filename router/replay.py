@@ -23,8 +23,16 @@ from schemas import REPLAY_END_SEQ
 log = logging.getLogger(__name__)
 
 
+DEFAULT_MAX_FRAMES = 100_000
+DEFAULT_MAX_BYTES = 256 << 20
+
+
 class ReplayFailed(Exception):
-    """No complete answer: timeout, or the peer spoke something other than the protocol."""
+    """No complete answer: timeout, a socket error, or a peer off the protocol."""
+
+
+class ReplayTooLarge(ReplayFailed):
+    """The answer exceeded the frame or byte bound (the caller counts it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,23 +48,34 @@ async def request_replay(
     start_seq: int,
     *,
     timeout_s: float,
-    max_frames: int = 1_000_000,
+    max_frames: int = DEFAULT_MAX_FRAMES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> tuple[list[ReplayFrame], int]:
     """Return ``(frames, malformed)``: the buffered frames in order, and how many replies
     did not have the replay shape (skipped, counted by the caller).
 
     ``timeout_s`` bounds the wait for each reply (not the whole replay, which may be
     long), so a dead or silent publisher fails the request instead of wedging the caller.
+    ``max_frames`` and ``max_bytes`` (payload bytes kept) bound what a replay endpoint can
+    make the router hold: beyond either, ``ReplayTooLarge``. A single message larger than
+    ``max_bytes`` is refused by ZMQ itself (``MAXMSGSIZE``: the peer is disconnected and
+    the request times out). Every failure, socket creation included (the context may be
+    out of sockets), is a ``ReplayFailed``: the caller's task must survive it.
     """
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
     frames: list[ReplayFrame] = []
     malformed = 0
+    kept = 0
+    sock: zmq.asyncio.Socket | None = None
     try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # Unbounded in messages (a replay must not be cut silently by a HWM drop), bounded
+        # in bytes by MAXMSGSIZE per message and by ``max_bytes`` over the answer below.
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
         sock.connect(endpoint)
         await sock.send_multipart([b"", start_seq.to_bytes(8, "big")])
-        while len(frames) < max_frames:
+        while True:
             try:
                 reply = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
             except TimeoutError:
@@ -68,9 +87,15 @@ async def request_replay(
             if len(reply) != 4 or reply[0] != b"" or len(reply[2]) != 8:
                 malformed += 1
                 continue
+            kept += len(reply[1]) + len(reply[3])
+            if len(frames) >= max_frames or kept > max_bytes:
+                raise ReplayTooLarge(
+                    f"replay from {endpoint}: answer exceeds {max_frames} frames or "
+                    f"{max_bytes} bytes; dropped"
+                )
             frames.append(ReplayFrame(int.from_bytes(reply[2], "big"), reply[1], reply[3]))
-        raise ReplayFailed(f"replay from {endpoint}: more than {max_frames} frames")
     except zmq.ZMQError as exc:
         raise ReplayFailed(f"replay from {endpoint}: {exc}") from None
     finally:
-        sock.close(linger=0)
+        if sock is not None:
+            sock.close(linger=0)

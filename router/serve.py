@@ -7,13 +7,14 @@ name; precedence is flag > environment > ``--config`` file > default.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import sys
 
 from pydantic import ValidationError
 
-from router.config import ENV_PREFIX, load_settings, parse_worker_spec
+from router.config import ENV_PREFIX, RouterSettings, load_settings, parse_worker_spec
 from router.logging_setup import configure_logging
 
 log = logging.getLogger("router.serve")
@@ -46,13 +47,30 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"bind one SUB that engines connect to, e.g. tcp://*:5557; workers are "
         f"created from topics kv@<worker>[@<model>] ({env}LISTEN)",
     )
-    add("--api-key", help=f"key required on mutating endpoints ({env}API_KEY)")
+    add(
+        "--api-key",
+        help=f"key required on endpoints that mutate or add load: workers, route, finish "
+        f"({env}API_KEY)",
+    )
     add(
         "--api-key-all",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help=f"also require the key on score/route ({env}API_KEY_ALL)",
+        help=f"also require the key on every read-only /v1 endpoint ({env}API_KEY_ALL)",
     )
+    add(
+        "--allow-insecure-remote",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"allow a non-loopback --host without --api-key ({env}ALLOW_INSECURE_REMOTE)",
+    )
+    add(
+        "--worker-allow",
+        metavar="HOSTS",
+        help=f"hosts, *.suffix patterns, CIDRs (and 'ipc') worker endpoints may name, "
+        f"comma-separated; default any ({env}WORKER_ALLOW)",
+    )
+    add("--max-workers", type=int, help=f"most workers registered at once ({env}MAX_WORKERS)")
     add(
         "--log-json",
         action=argparse.BooleanOptionalAction,
@@ -68,6 +86,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--max-request-tokens", type=int, help=f"413 above this ({env}MAX_REQUEST_TOKENS)")
     add("--replay-timeout-s", type=float, help=f"replay reply timeout ({env}REPLAY_TIMEOUT_S)")
+    add(
+        "--replay-max-frames",
+        type=int,
+        help=f"most frames one replay answer may hold ({env}REPLAY_MAX_FRAMES)",
+    )
+    add(
+        "--replay-max-bytes",
+        type=int,
+        help=f"most payload bytes one replay answer may hold ({env}REPLAY_MAX_BYTES)",
+    )
+    add(
+        "--stream-max-clients",
+        type=int,
+        help=f"most concurrent /v1/stream clients ({env}STREAM_MAX_CLIENTS)",
+    )
+    add(
+        "--stream-queue-size",
+        type=int,
+        help=f"summaries queued per stream client before it is dropped ({env}STREAM_QUEUE_SIZE)",
+    )
     add(
         "--replay-on-connect",
         action=argparse.BooleanOptionalAction,
@@ -117,6 +155,27 @@ def parse_tokenizers(specs: list[str]) -> dict[str, str]:
     return out
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(settings: RouterSettings) -> str | None:
+    """Why serving on ``settings.host`` is refused (None when it is not): beyond loopback
+    without an API key anyone who can reach the port can register workers (and so make
+    the router connect anywhere), route and finish requests."""
+    if is_loopback(settings.host) or settings.api_key or settings.allow_insecure_remote:
+        return None
+    return (
+        f"--host {settings.host} is reachable beyond this machine and no --api-key is set; "
+        "set an API key, or pass --allow-insecure-remote to serve without one"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k != "config"}
@@ -129,16 +188,40 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         print(f"kvroute serve: invalid settings: {exc}", file=sys.stderr)
         return 2
+    problem = exposure_problem(settings)
+    if problem is not None:
+        print(f"kvroute serve: {problem}", file=sys.stderr)
+        return 2
     configure_logging(json=settings.log_json, level=settings.log_level)
+    if not is_loopback(settings.host) and not settings.api_key:
+        log.warning(
+            "serving on %s WITHOUT an API key (--allow-insecure-remote): anyone who can reach "
+            "this port can register and delete workers and route requests",
+            settings.host,
+            extra={"event": "insecure_remote"},
+        )
 
     import uvicorn
 
     from router.api import create_app
-    from router.service import InvalidEndpoint, WorkerExists
+    from router.service import (
+        EndpointNotAllowed,
+        InvalidEndpoint,
+        RegistrationUnavailable,
+        TooManyWorkers,
+        WorkerExists,
+    )
 
     try:
         app = create_app(settings=settings)
-    except (InvalidEndpoint, WorkerExists, ValueError) as exc:
+    except (
+        InvalidEndpoint,
+        WorkerExists,
+        ValueError,
+        TooManyWorkers,
+        EndpointNotAllowed,
+        RegistrationUnavailable,
+    ) as exc:
         kind = "duplicate worker id" if isinstance(exc, WorkerExists) else "invalid settings"
         print(f"kvroute serve: {kind}: {exc}", file=sys.stderr)
         return 2
@@ -160,12 +243,10 @@ def main(argv: list[str] | None = None) -> int:
             lifespan="on",
         )
     )
-    try:  # open SSE streams never end by themselves: close them when a signal arrives
-        from router.api.stream import close_streams_on_exit
-    except ImportError:
-        pass
-    else:
-        close_streams_on_exit(server, app)
+    # Open SSE streams never end by themselves: close them when a signal arrives.
+    from router.api.stream import close_streams_on_exit
+
+    close_streams_on_exit(server, app)
     server.run()
     return 0
 

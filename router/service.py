@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import zmq
 import zmq.asyncio
 from pydantic import Field
 
@@ -29,13 +30,28 @@ from router.netutil import InvalidEndpoint
 from router.scoring import Scorer, ScoreResult, to_response
 from router.subscriber import WorkerSubscription
 from router.topic_listener import FedSubscription, TopicListener
+from schemas.endpoints import parse_allow_list
 from schemas.rest import ScoreResponse, WorkerInfo
 
 log = logging.getLogger(__name__)
 
 BackgroundFactory = Callable[[], Awaitable[None]]
 
-__all__ = ["InvalidEndpoint", "RouterService", "UnknownWorker", "WorkerExists", "WorkerStatus"]
+__all__ = [
+    "EndpointNotAllowed",
+    "InvalidEndpoint",
+    "RegistrationUnavailable",
+    "RouterService",
+    "TooManyWorkers",
+    "UnknownWorker",
+    "WorkerExists",
+    "WorkerStatus",
+]
+
+# ZMQ sockets one worker may hold at once: SUB, its monitor PAIR (two ends), and a replay
+# DEALER; the context's socket limit is sized from ``max_workers`` with this and a margin.
+SOCKETS_PER_WORKER = 4
+_SOCKET_MARGIN = 64
 
 
 class SubscriptionManager:
@@ -45,6 +61,9 @@ class SubscriptionManager:
         self._ingestor = ingestor
         self._settings = settings
         self._ctx = zmq.asyncio.Context()
+        budget = settings.max_workers * SOCKETS_PER_WORKER + _SOCKET_MARGIN
+        if self._ctx.get(zmq.MAX_SOCKETS) < budget:
+            self._ctx.set(zmq.MAX_SOCKETS, budget)
         self._subs: dict[str, WorkerSubscription] = {}
         self._running = False
 
@@ -65,8 +84,13 @@ class SubscriptionManager:
         """Open the sockets (raises ``InvalidEndpoint``); start at once if running."""
         if spec.worker_id in self._subs:
             raise KeyError(spec.worker_id)
-        kind = FedSubscription if spec.via_listener else WorkerSubscription
-        sub = kind(spec, self._ctx, self._ingestor, self._settings)
+        try:
+            kind = FedSubscription if spec.via_listener else WorkerSubscription
+            sub = kind(spec, self._ctx, self._ingestor, self._settings)
+        except zmq.ZMQError as exc:  # out of sockets or file descriptors
+            raise RegistrationUnavailable(
+                f"cannot open sockets for worker {spec.worker_id!r}: {exc.strerror}"
+            ) from None
         self._subs[spec.worker_id] = sub
         if self._running:
             sub.start()
@@ -102,6 +126,18 @@ class WorkerExists(Exception):
     """A worker with this id is already registered (409)."""
 
 
+class TooManyWorkers(Exception):
+    """``max_workers`` are registered already (409)."""
+
+
+class EndpointNotAllowed(Exception):
+    """An endpoint names a host outside ``worker_allow`` (403)."""
+
+
+class RegistrationUnavailable(Exception):
+    """The sockets for a new worker could not be opened (503; retry later)."""
+
+
 class UnknownWorker(KeyError):
     """No worker with this id is registered (404)."""
 
@@ -126,6 +162,7 @@ class RouterService:
             self.index, default_kind=s.default_kind, default_block_size=s.default_block_size
         )
         self.scorer = Scorer(self.index, tier_weights=s.tier_weights)
+        self._allow = parse_allow_list(s.worker_allow)
         self.subscriptions = SubscriptionManager(self.ingestor, s)
         self.metrics = RouterMetrics(self)
         # Appended to by the routing extension; read by dashboards.
@@ -236,6 +273,13 @@ class RouterService:
     def _register(self, spec: WorkerSpec) -> WorkerSubscription:
         if spec.worker_id in self.subscriptions:
             raise WorkerExists(spec.worker_id)
+        limit = self.settings.max_workers
+        if len(self.subscriptions.all()) >= limit:
+            raise TooManyWorkers(f"{limit} workers are registered (max_workers)")
+        if self._allow:
+            for ep in (spec.endpoint, spec.replay_endpoint, spec.http_endpoint):
+                if ep is not None and not self._allow.allows(ep):
+                    raise EndpointNotAllowed(f"endpoint {ep!r} is not in worker_allow")
         return self.subscriptions.add(spec)
 
     def _lifecycle(self, worker_id: str) -> asyncio.Lock:
@@ -248,7 +292,8 @@ class RouterService:
         return lock
 
     async def add_worker(self, spec: WorkerSpec, *, persist: bool = True) -> WorkerStatus:
-        """Register and subscribe; raises ``WorkerExists`` or ``InvalidEndpoint``.
+        """Register and subscribe; raises ``WorkerExists``, ``InvalidEndpoint``,
+        ``TooManyWorkers``, ``EndpointNotAllowed`` or ``RegistrationUnavailable``.
 
         ``persist``: keep the registration in the index, so a restarted router (or a
         replica sharing Redis) registers it again."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from router.ratelimited_log import RateLimitedLog
 from router.service import UnknownWorker
 
 if TYPE_CHECKING:
@@ -102,11 +103,11 @@ class StreamHub:
         self._closed = False
         self._last: bytes | None = None
         self._last_at = 0.0
-        self._last_error: str | None = None
         self.ticks = 0
         self.computations = 0
         self.dropped = 0
         self.errors = 0
+        self._limited = RateLimitedLog(log)  # per hub: repeating failures, with counts
 
     @property
     def clients(self) -> int:
@@ -167,12 +168,9 @@ class StreamHub:
             data = await result if inspect.isawaitable(result) else result
         except Exception as exc:  # a failing summary must not kill the stream
             self.errors += 1
-            text = f"{type(exc).__name__}: {exc}"
-            if text != self._last_error:  # log each distinct failure once, not every tick
-                log.exception("stream summary failed")
-                self._last_error = text
+            # A summary failing every tick stays visible, at most once a minute.
+            self._limited.exception("summary", "stream summary failed: %s", exc)
             return None
-        self._last_error = None
         self.ticks += 1
         return sse_message(self.event, data, self.ticks)
 
@@ -183,9 +181,11 @@ class StreamHub:
                 sub.dropped = True
                 sub.end()
                 self.dropped += 1
-                log.warning(
-                    "stream client dropped: %d messages behind",
+                self._limited.warning(
+                    "dropped",
+                    "stream client dropped: %d messages behind (%d dropped so far)",
                     self.queue_size,
+                    self.dropped,
                     extra={"event": "stream_client_dropped"},
                 )
 

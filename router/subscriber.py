@@ -17,7 +17,7 @@ batches through the ``Ingestor`` strictly in order, exactly once per (DP rank, s
 
 Sequencing decisions live in ``router.sequencing`` (pure), index writes in
 ``router.index_writer`` (staged, merged, retried through outages). Bad frames are counted
-and logged once per worker. Nothing here raises out of the task.
+and logged rate-limited (``router.ratelimited_log``). Nothing here raises out of the task.
 """
 
 from __future__ import annotations
@@ -37,8 +37,15 @@ from zmq.utils.monitor import parse_monitor_message
 from router.config import RouterSettings, WorkerSpec
 from router.index_writer import IndexWriter
 from router.logging_setup import event_extra
-from router.netutil import InvalidEndpoint, bind_endpoint, connect_endpoint
-from router.replay import ReplayFailed, ReplayFrame, request_replay
+from router.netutil import (
+    InvalidEndpoint,
+    bind_endpoint,
+    close_monitored,
+    connect_endpoint,
+    open_monitor,
+)
+from router.ratelimited_log import RateLimitedLog
+from router.replay import ReplayFailed, ReplayFrame, ReplayTooLarge, request_replay
 from router.sequencing import SeqTracker, Verdict
 from schemas import AllBlocksCleared, DecodeError, DecodeStats, KVEventBatch, decode_batch
 
@@ -57,6 +64,9 @@ CATCH_UP_DELAY_S = 0.15
 # Backoff of the clear-and-replay repair after a failed index write (doubles per failure).
 _REPAIR_FIRST_S = 0.2
 _REPAIR_MAX_S = 30.0
+# Back-off between restarts of a failed subscription task.
+_RESTART_MIN_S = 0.1
+_RESTART_MAX_S = 5.0
 
 
 @dataclass
@@ -74,6 +84,8 @@ class WorkerCounters:
     ingest_retries: int = 0
     ingest_errors: int = 0
     tail_checks: int = 0  # idle-time replay asks for frames lost at the tail
+    replay_overflows: int = 0
+    task_restarts: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -100,7 +112,6 @@ class WorkerSubscription:
         self._settings = settings
         self._seq = SeqTracker()
         self._writer = IndexWriter(spec.worker_id, ingestor, settings, self.counters)
-        self._logged_decode_error = False
         self._catch_up_at: float | None = None
         self._registered_at = time.monotonic()
         self._last_frame_at = self._tail_checked_at = time.monotonic()
@@ -114,42 +125,43 @@ class WorkerSubscription:
         self._stopping = False
         self._silent_logged = False
         self._tasks: list[asyncio.Task[None]] = []
+        # Repeating faults (bad frames, failed replays): the first few, then one a minute.
+        self._limited = RateLimitedLog(log)
         self._open_sockets(spec, ctx, settings)
 
     def _open_sockets(
         self, spec: WorkerSpec, ctx: zmq.asyncio.Context, settings: RouterSettings
     ) -> None:
         """The SUB (connected, or bound with ``bind``), its monitor and a blocking twin;
-        raises ``InvalidEndpoint``."""
-        self._sub = ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.LINGER, 0)
-        self._sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
-        self._sub.setsockopt(zmq.RECONNECT_IVL, 100)
-        self._sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        self._sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
-        self._monitor = self._sub.get_monitor_socket(
-            zmq.EVENT_CONNECTED
-            | zmq.EVENT_ACCEPTED
-            | zmq.EVENT_DISCONNECTED
-            | zmq.EVENT_MONITOR_STOPPED
-        )
-        # A blocking twin of the same socket: draining a backlog without one future per
-        # frame is several times faster, and both see one queue.
-        self._shadow = zmq.Socket.shadow(self._sub.underlying)
+        raises ``InvalidEndpoint`` (or ``ZMQError`` when the context is out of sockets)
+        without leaking what it opened."""
+        sub: zmq.asyncio.Socket | None = None
+        monitor: zmq.asyncio.Socket | None = None
         try:
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
+            sub.setsockopt(zmq.RECONNECT_IVL, 100)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
+            monitor = open_monitor(ctx, sub)
             if spec.bind:
-                bind_endpoint(self._sub, spec.endpoint)
+                bind_endpoint(sub, spec.endpoint)
             else:
-                connect_endpoint(self._sub, spec.endpoint)
+                connect_endpoint(sub, spec.endpoint)
             if spec.replay_endpoint is not None:
                 probe = ctx.socket(zmq.DEALER)
                 try:
                     connect_endpoint(probe, spec.replay_endpoint)
                 finally:
                     probe.close(linger=0)
-        except InvalidEndpoint:
-            self._close_sockets()
+        except (InvalidEndpoint, zmq.ZMQError):
+            close_monitored(sub, monitor)
             raise
+        self._sub, self._monitor = sub, monitor
+        # A blocking twin of the same socket: draining a backlog without one future per
+        # frame is several times faster, and both see one queue.
+        self._shadow = zmq.Socket.shadow(self._sub.underlying)
 
     # ------------------------------------------------------------------ lifecycle
     def _event(self, event: str, **fields: object) -> dict[str, object]:
@@ -207,7 +219,7 @@ class WorkerSubscription:
     def start(self) -> None:
         name = self.worker_id
         self._tasks = [
-            asyncio.create_task(self._run(), name=f"kvroute-sub-{name}"),
+            asyncio.create_task(self._supervise(), name=f"kvroute-sub-{name}"),
             asyncio.create_task(self._watch_monitor(), name=f"kvroute-mon-{name}"),
         ]
 
@@ -222,10 +234,7 @@ class WorkerSubscription:
         self._close_sockets()
 
     def _close_sockets(self) -> None:
-        with contextlib.suppress(zmq.ZMQError):
-            self._sub.disable_monitor()
-        self._monitor.close(linger=0)
-        self._sub.close(linger=0)
+        close_monitored(self._sub, self._monitor)
 
     async def _watch_monitor(self) -> None:
         while True:
@@ -269,6 +278,33 @@ class WorkerSubscription:
     def request_resync(self, why: str) -> None:
         """Clear and rebuild from the publisher's buffer, in this subscription's task."""
         self._resync_why = why
+
+    async def _supervise(self) -> None:
+        """Run the apply loop; an unexpected exception restarts it (counted in
+        ``task_restarts``, logged rate-limited) instead of leaving the worker frozen at
+        its last seq while shown as connected. The restart asks for a catch-up replay."""
+        delay = _RESTART_MIN_S
+        while True:
+            try:
+                await self._run()
+                return  # the SUB socket was closed: the subscription is stopping
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.counters.task_restarts += 1
+                self._limited.exception(
+                    "task_failed",
+                    "worker %s: subscription task failed (%s); restarting in %.2fs",
+                    self.worker_id,
+                    exc,
+                    delay,
+                    extra=self._event("subscription_restarted", error=type(exc).__name__),
+                )
+                self.syncing = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RESTART_MAX_S)
+                if self.spec.replay_endpoint is not None:
+                    self._catch_up_at = time.monotonic()
 
     async def _run(self) -> None:
         await self._resume_from_index()
@@ -471,12 +507,17 @@ class WorkerSubscription:
                 self.spec.replay_endpoint,
                 start,
                 timeout_s=self._settings.replay_timeout_s,
+                max_frames=self._settings.replay_max_frames,
+                max_bytes=self._settings.replay_max_bytes,
             )
         except ReplayFailed as exc:
             self.counters.replay_failures += 1
+            if isinstance(exc, ReplayTooLarge):
+                self.counters.replay_overflows += 1
             # Right after connecting the ROUTER may simply not be up yet: no warning.
-            log.log(
+            self._limited.log(
                 logging.INFO if quiet else logging.WARNING,
+                "replay_failed",
                 "worker %s: %s",
                 self.worker_id,
                 exc,
@@ -576,11 +617,11 @@ class WorkerSubscription:
 
     def _decode_error(self, why: str) -> None:
         self.counters.decode_errors += 1
-        if not self._logged_decode_error:
-            self._logged_decode_error = True
-            log.warning(
-                "worker %s: undecodable frame skipped (%s); counting",
-                self.worker_id,
-                why,
-                extra=self._event("decode_error"),
-            )
+        self._limited.warning(
+            "decode_error",
+            "worker %s: undecodable frame skipped (%s); %d so far",
+            self.worker_id,
+            why,
+            self.counters.decode_errors,
+            extra=self._event("decode_error"),
+        )

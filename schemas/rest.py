@@ -6,11 +6,32 @@ hot wire path uses msgspec instead. Field names are the stable public contract.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
+
+from schemas.endpoints import validate_http_endpoint, validate_zmq_endpoint
 
 WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
+# Bounds on client-supplied values: a token id is a non-negative int64 (what every engine
+# accepts and the chain encoders can pack); strings are short labels.
+TOKEN_ID_MAX = (1 << 63) - 1
+MAX_STR_LEN = 256
+MAX_WORKERS_PER_REQUEST = 4096
+
+TokenId = Annotated[StrictInt, Field(ge=0, le=TOKEN_ID_MAX)]
+ShortStr = Annotated[str, Field(max_length=MAX_STR_LEN)]
+WorkerId = Annotated[str, Field(min_length=1, max_length=128)]
+Endpoint = Annotated[
+    str,
+    Field(min_length=1, max_length=512, description="ZMQ endpoint: tcp://HOST:PORT or ipc://PATH"),
+    AfterValidator(validate_zmq_endpoint),
+]
+HttpEndpoint = Annotated[
+    str,
+    Field(min_length=1, max_length=512, description="http(s)://HOST[:PORT][/path]"),
+    AfterValidator(validate_http_endpoint),
+]
 
 
 class ErrorBody(BaseModel):
@@ -28,11 +49,11 @@ class WorkerCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     worker_id: str = Field(pattern=WORKER_ID_PATTERN)
-    endpoint: str = Field(min_length=1, description="ZMQ PUB endpoint, e.g. tcp://host:5557")
-    replay_endpoint: str | None = Field(default=None, description="ZMQ replay ROUTER endpoint")
-    topic: str = Field(default="", description="topic prefix filter; empty = every topic")
-    model: str | None = None
-    http_endpoint: str | None = Field(
+    endpoint: Endpoint = Field(description="ZMQ PUB endpoint, e.g. tcp://host:5557")
+    replay_endpoint: Endpoint | None = Field(default=None, description="ZMQ replay ROUTER endpoint")
+    topic: ShortStr = Field(default="", description="topic prefix filter; empty = every topic")
+    model: ShortStr | None = None
+    http_endpoint: HttpEndpoint | None = Field(
         default=None, description="engine HTTP base URL returned by /v1/route"
     )
     hash_block_size: int | None = Field(
@@ -95,10 +116,10 @@ class WorkerList(BaseModel):
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    token_ids: list[StrictInt]
-    lora_name: str | None = None
-    cache_salt: str | None = None
-    workers: list[str] | None = None
+    token_ids: list[TokenId] = Field(min_length=1)
+    lora_name: ShortStr | None = None
+    cache_salt: ShortStr | None = None
+    workers: list[WorkerId] | None = Field(default=None, max_length=MAX_WORKERS_PER_REQUEST)
     skip_prefix_cache: bool = Field(
         default=False,
         description="the request skips reading the prefix cache (e.g. prompt logprobs): 0",
@@ -129,8 +150,8 @@ class ScoreResponse(BaseModel):
 
 
 class RouteRequest(ScoreRequest):
-    request_id: str | None = Field(default=None, max_length=256)
-    policy: str | None = None
+    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_STR_LEN)
+    policy: ShortStr | None = None
 
 
 class RouteCandidate(BaseModel):

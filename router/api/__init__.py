@@ -1,5 +1,19 @@
-"""HTTP layer of the router (FastAPI): ``create_app`` builds the v1 API over a service."""
+"""HTTP layer of the router (FastAPI): ``create_app`` builds the v1 API over a service.
 
-from router.api.app import EXTENSIONS, create_app
+``create_app`` is resolved on first use, so that parts the app installs (the proxy) can
+import the shared dependencies (``router.api.deps``) without importing the app itself.
+"""
 
-__all__ = ["EXTENSIONS", "create_app"]
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_app":
+        from router.api.app import create_app
+
+        return create_app
+    raise AttributeError(name)

@@ -2,25 +2,23 @@
 
 Every error leaves as ``{"error": {"code", "message"}}`` - FastAPI's own 404/405/422,
 our 401/404/409/413/503, and unexpected 500s alike - so clients need one error parser.
-Optional modules (``EXTENSIONS``) add endpoints when they exist in the installation.
+Every part of the API is imported statically: a part that fails to import or install
+fails start-up, rather than a router that reports ready without ``/v1/route``.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.api import health, scoring, workers
+from router.api import health, routing, scoring, stream, workers
 from router.api.deps import ApiError
 from router.config import RouterSettings
 from router.index import IndexUnavailable
@@ -28,8 +26,6 @@ from router.proxy import install as install_proxy
 from router.service import RouterService, UnknownWorker
 
 log = logging.getLogger(__name__)
-
-EXTENSIONS = ("router.api.routing", "router.api.stream")
 
 _CODES = {
     400: "bad_request",
@@ -100,44 +96,64 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class BodyLimitMiddleware:
-    """Answer 413 before reading a body whose declared size exceeds the limit.
+    """413 for a body larger than ``max_bytes``, however it is sent.
 
-    Pure ASGI (no per-request task) so the score hot path pays one header lookup.
+    A declared ``Content-Length`` above the limit is refused before reading. A body
+    without one (``Transfer-Encoding: chunked``) is read here as it streams, counting
+    bytes, and refused as soon as it passes the limit; below it, it is handed on
+    unchanged. So at most ``max_bytes`` of any request is ever held. Pure ASGI (no
+    per-request task) so the score hot path pays one header lookup.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
+    def _too_large(self, size: str) -> JSONResponse:
+        return error_response(
+            413, "payload_too_large", f"request body of {size} bytes exceeds {self.max_bytes}"
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope.get("headers", ()):
-                if name == b"content-length":
-                    if value.isdigit() and int(value) > self.max_bytes:
-                        response = error_response(
-                            413,
-                            "payload_too_large",
-                            f"request body of {int(value)} bytes exceeds {self.max_bytes}",
-                        )
-                        await response(scope, receive, send)
-                        return
-                    break
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.max_bytes:
+                    await self._too_large(str(int(value)))(scope, receive, send)
+                    return
+                await self.app(scope, receive, send)  # the server enforces the length
+                return
+        if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(f"more than {self.max_bytes}")(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        chunks.clear()
+        replayed = False
 
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # e.g. http.disconnect for a streaming response
 
-def _install_extensions(app: FastAPI, service: RouterService) -> list[str]:
-    installed = []
-    for name in EXTENSIONS:
-        try:
-            if importlib.util.find_spec(name) is None:
-                continue
-            module: Any = importlib.import_module(name)
-            module.install(app, service)
-        except Exception:  # a broken extension must not take the core API down
-            log.exception("router extension %s failed to install; continuing without it", name)
-            continue
-        installed.append(name)
-    return installed
+        await self.app(scope, replay, send)
 
 
 def create_app(
@@ -151,6 +167,14 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await svc.start()
+        if not await svc.ready():  # loud at start-up, not only on the first 503
+            log.warning(
+                "the %s index backend does not answer at start-up%s; /readyz and /v1/score "
+                "answer 503 until it does",
+                svc.index.kind,
+                f" ({svc.settings.redis_url})" if svc.index.kind == "redis" else "",
+                extra={"event": "index_unreachable"},
+            )
         try:
             yield
         finally:
@@ -172,7 +196,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(workers.router)
     app.include_router(scoring.router)
-    app.state.extensions = _install_extensions(app, svc)
-    if hasattr(svc, "routing"):  # the proxy routes with the routing extension's core
-        install_proxy(app, svc)
+    routing.install(app, svc)
+    stream.install(app, svc)
+    install_proxy(app, svc)  # the proxy routes with the routing extension's core
     return app

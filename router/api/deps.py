@@ -1,7 +1,11 @@
 """Shared pieces of the HTTP layer: the service dependency, API errors and the API key.
 
-Extensions (``router.api.routing``, ``router.api.stream``) import these so every endpoint
-answers errors and authenticates the same way.
+The auth rule (docs/security.md), applied by one of the two dependencies below on every
+``/v1`` endpoint: with ``api_key`` set, every endpoint that mutates state or adds load
+(register/delete workers, ``/v1/route``, ``/v1/requests/{id}/finish``) needs the key;
+read-only ``/v1`` endpoints (score, workers list, index stats, stream) need it only with
+``api_key_all``. Probes, metrics and the dashboard page (``/healthz``, ``/readyz``,
+``/metrics``, ``/``) are always open.
 """
 
 from __future__ import annotations
@@ -65,10 +69,12 @@ def check_api_key(request: Request, *, mutating: bool) -> None:
 
 
 async def require_write_key(request: Request) -> None:
-    """Dependency for mutating endpoints (register/delete workers, finish requests)."""
+    """Dependency for endpoints that mutate state or add load (workers register/delete,
+    route, finish): the key is needed whenever one is set."""
     check_api_key(request, mutating=True)
 
 
 async def require_read_key(request: Request) -> None:
-    """Dependency for read endpoints (score, route): open unless ``api_key_all``."""
+    """Dependency for read-only /v1 endpoints (score, workers, stats, stream): open
+    unless ``api_key_all``."""
     check_api_key(request, mutating=False)

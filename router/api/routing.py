@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, FastAPI, Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from router.api.deps import ApiError, get_service, require_read_key, require_write_key
+from router.api.deps import ApiError, get_service, require_write_key
 from router.api.scoring import check_request_size
 from router.config import RouterSettings
 from router.policy import DEFAULT_POLICY, POLICY_NAMES, PolicyWeights
@@ -86,14 +86,15 @@ def _duplicate(request_id: str) -> ApiError:
     response_model=RouteResponse,
     summary="choose a worker for a request (cache affinity vs load) and count it in flight",
     responses={
-        401: {"model": ErrorResponse, "description": "API key missing (with api_key_all)"},
+        401: {"model": ErrorResponse, "description": "API key missing or wrong (when set)"},
         404: {"model": ErrorResponse, "description": "a worker named in `workers` is unknown"},
         409: {"model": ErrorResponse, "description": "request_id is already in flight"},
         413: {"model": ErrorResponse, "description": "token_ids longer than the limit"},
         422: {"model": ErrorResponse, "description": "invalid body or unknown policy"},
         503: {"model": ErrorResponse, "description": "no workers, or index unavailable"},
     },
-    dependencies=[Depends(require_read_key)],
+    # Routing adds in-flight load: it needs the key like finish, which releases it.
+    dependencies=[Depends(require_write_key)],
 )
 async def route(
     body: RouteRequest,

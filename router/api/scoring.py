@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from fastapi import APIRouter, Depends, Request, Response
 
-from router.api.deps import ApiError, check_api_key, get_service, service_of
+from router.api.deps import ApiError, check_api_key, get_service, require_read_key, service_of
 from router.service import RouterService
-from schemas.rest import ErrorResponse, ScoreRequest, ScoreResponse
+from schemas.rest import (
+    MAX_STR_LEN,
+    MAX_WORKERS_PER_REQUEST,
+    TOKEN_ID_MAX,
+    ErrorResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
 
 router = APIRouter(prefix="/v1", tags=["scoring"])
+
+# The same bounds as ``schemas.rest.ScoreRequest``: a token id is a non-negative int64
+# (an id beyond int64 used to reach the chain encoder and answer 500), at least one
+# token, short strings.
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_ID_MAX)]
+ShortStr = Annotated[str, msgspec.Meta(max_length=MAX_STR_LEN)]
+WorkerId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 
 class ScoreBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -23,11 +37,13 @@ class ScoreBody(msgspec.Struct, forbid_unknown_fields=True):
     OpenAPI schema still documents ``ScoreRequest``.
     """
 
-    token_ids: list[int]
+    token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1)]
     skip_prefix_cache: bool = False
-    lora_name: str | None = None
-    cache_salt: str | None = None
-    workers: list[str] | None = None
+    lora_name: ShortStr | None = None
+    cache_salt: ShortStr | None = None
+    workers: Annotated[list[WorkerId], msgspec.Meta(max_length=MAX_WORKERS_PER_REQUEST)] | None = (
+        None
+    )
 
 
 _score_decoder = msgspec.json.Decoder(ScoreBody)
@@ -100,7 +116,11 @@ _encoder = msgspec.json.Encoder()
 @router.get(
     "/index/stats",
     summary="index size: workers, entries, map entries, bytes",
-    responses={503: {"model": ErrorResponse, "description": "index backend unavailable"}},
+    responses={
+        401: {"model": ErrorResponse, "description": "API key missing (with api_key_all)"},
+        503: {"model": ErrorResponse, "description": "index backend unavailable"},
+    },
+    dependencies=[Depends(require_read_key)],
 )
 async def index_stats(service: RouterService = Depends(get_service)) -> dict[str, Any]:
     return await service.index_stats()

@@ -70,7 +70,13 @@ def install(app: FastAPI, service: RouterService, *, period_s: float | None = No
     """Add the stream, the page and its assets to ``app``; returns the hub."""
     if period_s is None:
         period_s = service.settings.stream_period_s
-    hub = StreamHub(SummaryBuilder(service).build, period_s=period_s)
+    settings = service.settings
+    hub = StreamHub(
+        SummaryBuilder(service).build,
+        period_s=period_s,
+        max_clients=settings.stream_max_clients,
+        queue_size=settings.stream_queue_size,
+    )
     app.state.stream_hub = hub
     try:
         service.metrics.registry.register(_StreamCollector(hub))

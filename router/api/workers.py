@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from router.api.deps import ApiError, get_service, require_write_key
+from router.api.deps import ApiError, get_service, require_read_key, require_write_key
 from router.config import WorkerSpec
-from router.service import InvalidEndpoint, RouterService, WorkerExists, WorkerStatus
+from router.service import (
+    EndpointNotAllowed,
+    InvalidEndpoint,
+    RegistrationUnavailable,
+    RouterService,
+    TooManyWorkers,
+    WorkerExists,
+    WorkerStatus,
+)
 from schemas.rest import ErrorResponse, WorkerCreate
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
@@ -16,6 +24,7 @@ _ERRORS = {
     401: {"model": ErrorResponse, "description": "API key missing or wrong"},
     404: {"model": ErrorResponse, "description": "unknown worker"},
 }
+_READ_ERRORS = {401: {"model": ErrorResponse, "description": "API key missing (api_key_all)"}}
 
 
 class WorkerStatusList(BaseModel):
@@ -29,26 +38,42 @@ class WorkerStatusList(BaseModel):
     summary="register a worker and subscribe to its KV event stream",
     responses={
         401: _ERRORS[401],
-        409: {"model": ErrorResponse, "description": "a worker with this id exists"},
+        403: {"model": ErrorResponse, "description": "endpoint outside worker_allow"},
+        409: {"model": ErrorResponse, "description": "worker id exists, or max_workers reached"},
         422: {"model": ErrorResponse, "description": "invalid body or endpoint"},
+        503: {"model": ErrorResponse, "description": "sockets exhausted; retry later"},
     },
     dependencies=[Depends(require_write_key)],
 )
 async def create_worker(
     body: WorkerCreate, service: RouterService = Depends(get_service)
 ) -> WorkerStatus:
-    spec = WorkerSpec.model_validate(body.model_dump())
     try:
+        spec = WorkerSpec.model_validate(body.model_dump())
         return await service.add_worker(spec)
+    except ValidationError as exc:
+        raise ApiError(422, "invalid_request", str(exc.errors()[0].get("msg"))) from None
     except WorkerExists:
         raise ApiError(
-            409, "worker_exists", f"worker {spec.worker_id!r} is already registered"
+            409, "worker_exists", f"worker {body.worker_id!r} is already registered"
         ) from None
+    except TooManyWorkers as exc:
+        raise ApiError(409, "too_many_workers", str(exc)) from None
+    except EndpointNotAllowed as exc:
+        raise ApiError(403, "endpoint_not_allowed", str(exc)) from None
     except InvalidEndpoint as exc:
         raise ApiError(422, "invalid_endpoint", str(exc)) from None
+    except RegistrationUnavailable as exc:
+        raise ApiError(503, "sockets_exhausted", str(exc), {"Retry-After": "5"}) from None
 
 
-@router.get("", response_model=WorkerStatusList, summary="every registered worker")
+@router.get(
+    "",
+    response_model=WorkerStatusList,
+    summary="every registered worker",
+    responses=_READ_ERRORS,
+    dependencies=[Depends(require_read_key)],
+)
 async def list_workers(service: RouterService = Depends(get_service)) -> WorkerStatusList:
     return WorkerStatusList(workers=await service.worker_infos())
 
@@ -57,7 +82,8 @@ async def list_workers(service: RouterService = Depends(get_service)) -> WorkerS
     "/{worker_id}",
     response_model=WorkerStatus,
     summary="one worker",
-    responses={404: _ERRORS[404]},
+    responses={404: _ERRORS[404], **_READ_ERRORS},
+    dependencies=[Depends(require_read_key)],
 )
 async def get_worker(worker_id: str, service: RouterService = Depends(get_service)) -> WorkerStatus:
     return await service.worker_info(worker_id)

@@ -60,23 +60,26 @@ def _common(p: argparse.ArgumentParser, groups: str) -> None:
                    help="use N synthetic requests instead of a trace")  # fmt: skip
     p.add_argument("--limit", type=int, default=None, help="first K trace lines only")
     p.add_argument("--time-scale", type=float, default=1.0, help="speed arrivals up by this")
-    p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--gpu-blocks", type=int, default=DEFAULT_GPU_BLOCKS)
+    p.add_argument("--workers", type=int, default=8, help="simulated engines in the fleet")
+    p.add_argument("--gpu-blocks", type=int, default=DEFAULT_GPU_BLOCKS, help="GPU blocks each")
     p.add_argument("--block-size", type=int, default=512,
                    help="engine block size (512: one Mooncake hash id = one block)")  # fmt: skip
     p.add_argument("--groups", default=groups,
                    help="KV cache groups; {bs} stands for --block-size")  # fmt: skip
-    p.add_argument("--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256")
+    p.add_argument("--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256",
+                   help="block hash algorithm")  # fmt: skip
     p.add_argument("--weights", type=_weights, default=None,
                    help="kv_aware weights, e.g. decode=128,balance_slack=0.2")  # fmt: skip
-    p.add_argument("--prefill-tps", type=float, default=_COST.prefill_tps)
-    p.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token)
+    p.add_argument("--prefill-tps", type=float, default=_COST.prefill_tps,
+                   help="simulated prefill throughput, tokens/s")  # fmt: skip
+    p.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token,
+                   help="simulated decode time per output token, s")  # fmt: skip
     p.add_argument("--event-delay", type=float, default=0.0,
                    help="seconds between an engine's change and the router seeing it")  # fmt: skip
     p.add_argument("--hold-blocks", action=argparse.BooleanOptionalAction, default=None,
                    help="requests keep their blocks until they finish "
                    "(default: on for hma, off for routing)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="processes to spread the fleets over")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON only")
@@ -92,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeatable; default: every policy")  # fmt: skip
     h = sub.add_parser("hma", help="HMA-exact scoring vs full-only / all-full on a hybrid model")
     _common(h, "full:{bs},swa:{bs}:2048")
-    h.add_argument("--policy", choices=POLICY_NAMES, default="kv_aware")
+    h.add_argument("--policy", choices=POLICY_NAMES, default="kv_aware", help="routing policy")
     return parser
 
 

@@ -7,9 +7,10 @@ import time
 from typing import Any
 
 import httpx
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from router.api.deps import require_read_key, require_write_key
 from router.proxy.core import Proxy, ProxyError
 
 router = APIRouter(tags=["openai"])
@@ -23,7 +24,11 @@ def _proxy(request: Request) -> Proxy:
     return request.app.state.proxy  # type: ignore[no-any-return]
 
 
-@router.get("/v1/models", summary="the union of the models the registered workers serve")
+@router.get(
+    "/v1/models",
+    summary="the union of the models the registered workers serve",
+    dependencies=[Depends(require_read_key)],
+)
 async def models(request: Request) -> dict[str, Any]:
     now = int(time.time())
     return {
@@ -35,7 +40,11 @@ async def models(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/v1/proxy/workers", summary="per worker: live or not (and why), routed, accuracy")
+@router.get(
+    "/v1/proxy/workers",
+    summary="per worker: live or not (and why), routed, accuracy",
+    dependencies=[Depends(require_read_key)],
+)
 async def proxy_workers(request: Request) -> dict[str, Any]:
     p = _proxy(request)
     out = []
@@ -98,12 +107,20 @@ async def _pass_through(request: Request, path: str) -> Response:
     return error_response(502, "upstream_failed", f"no worker answered {path}")
 
 
-@router.post("/tokenize", summary="pass-through to a live worker serving the body's model")
+@router.post(
+    "/tokenize",
+    summary="pass-through to a live worker serving the body's model",
+    dependencies=[Depends(require_read_key)],
+)
 async def tokenize(request: Request) -> Response:
     return await _pass_through(request, "/tokenize")
 
 
-@router.post("/detokenize", summary="pass-through to a live worker serving the body's model")
+@router.post(
+    "/detokenize",
+    summary="pass-through to a live worker serving the body's model",
+    dependencies=[Depends(require_read_key)],
+)
 async def detokenize(request: Request) -> Response:
     return await _pass_through(request, "/detokenize")
 
@@ -112,6 +129,8 @@ async def detokenize(request: Request) -> Response:
     "/v1/completions",
     summary="OpenAI completions, routed to the worker with the best cache hit (streaming too)",
     include_in_schema=True,
+    # Documents the rule; the middleware answers first and checks the key itself.
+    dependencies=[Depends(require_write_key)],
 )
 async def completions_doc() -> JSONResponse:  # pragma: no cover - the middleware answers
     raise AssertionError("served by router.proxy.forward.ProxyMiddleware")
@@ -120,6 +139,7 @@ async def completions_doc() -> JSONResponse:  # pragma: no cover - the middlewar
 @router.post(
     "/v1/chat/completions",
     summary="OpenAI chat completions, routed like /v1/completions (chat template applied)",
+    dependencies=[Depends(require_write_key)],
 )
 async def chat_doc() -> JSONResponse:  # pragma: no cover - the middleware answers
     raise AssertionError("served by router.proxy.forward.ProxyMiddleware")

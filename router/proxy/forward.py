@@ -135,8 +135,10 @@ class ProxyMiddleware:
                 return b"".join(chunks)
 
     def _check_key(self, scope: Scope) -> None:
+        """Completions add load (in-flight accounting), like ``/v1/route``: the key is
+        needed whenever one is set (docs/security.md)."""
         s = self.proxy.settings
-        if not s.api_key or not s.api_key_all:
+        if not s.api_key:
             return
         got = None
         for name, value in scope["headers"]:
@@ -173,7 +175,7 @@ class ProxyMiddleware:
                         400, "unknown_policy", f"policy {policy!r} not in {POLICY_NAMES}"
                     )
             elif name in (b"x-request-id", b"accept") or (
-                name == b"authorization" and not self.proxy.settings.api_key_all
+                name == b"authorization" and not self.proxy.settings.api_key
             ):
                 forward_headers.append((name, value))
         stream = body.get("stream") is True

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from router.ratelimited_log import RateLimitedLog
 from router.workloads.base import DEFAULT_VOCAB, Request, segment_tokens
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def _validate(line: _Line) -> str | None:
 class MooncakeTrace:
     """A Mooncake trace: ``records`` (validated lines) and iteration as ``Request``.
 
-    Malformed or inconsistent lines are skipped and counted in ``skipped`` (logged once),
+    Malformed or inconsistent lines are skipped and counted in ``skipped`` (logged rate-limited),
     never fatal. ``time_scale`` divides inter-arrival times (2.0 = twice as fast).
     """
 
@@ -89,6 +90,7 @@ class MooncakeTrace:
         self.seed = seed
         self.vocab = vocab
         self.skipped = 0
+        self._limited = RateLimitedLog(log, burst=5, interval_s=10.0)
         self.records: list[TraceRecord] = []
         decoder = msgspec.json.Decoder(_Line)
         t0: float | None = None
@@ -119,9 +121,10 @@ class MooncakeTrace:
                 )
 
     def _skip(self, lineno: int, why: str) -> None:
-        if self.skipped == 0:
-            log.warning("%s:%d: skipping malformed trace line (%s)", self.path, lineno + 1, why)
         self.skipped += 1
+        self._limited.warning(
+            "skip", "%s:%d: skipping malformed trace line (%s)", self.path, lineno + 1, why
+        )
 
     def __len__(self) -> int:
         return len(self.records)

@@ -126,7 +126,9 @@ def test_env_vars_config_file_and_precedence(serve: Any, tmp_path: Path):
     )
     assert s.port == port
     h = {"Authorization": "Bearer from-file"}
-    workers = httpx.get(s.url + "/v1/workers").json()["workers"]
+    # api_key_all covers every read-only /v1 endpoint, the workers listing included.
+    assert httpx.get(s.url + "/v1/workers").status_code == 401
+    workers = httpx.get(s.url + "/v1/workers", headers=h).json()["workers"]
     assert [(w["worker_id"], w["topic"]) for w in workers] == [("a", "kv@a"), ("b", "")]
     assert httpx.post(s.url + "/v1/score", json={"token_ids": [1]}).status_code == 401
     r = httpx.post(s.url + "/v1/score", json={"token_ids": list(range(8))}, headers=h)

@@ -189,17 +189,19 @@ def test_uvicorn_exit_hook_ends_streams_so_shutdown_is_prompt():
     assert hub.clients == 0
 
 
-async def test_failing_summary_is_logged_once_and_stream_recovers(
+async def test_failing_summary_is_logged_rate_limited_and_stream_recovers(
     caplog: pytest.LogCaptureFixture,
 ):
-    fn = Counting(fail_first=3)
+    # A summary failing every tick is logged for the first few ticks, then at most once a
+    # minute (router.ratelimited_log), not once per process nor once per tick.
+    fn = Counting(fail_first=8)
     hub = StreamHub(fn, period_s=0.01)
     sub = hub.subscribe()
     with caplog.at_level(logging.ERROR, logger="router.stream"):
         message = await asyncio.wait_for(sub.queue.get(), DEADLINE_S)
-    assert message is not None and b'"n":4' in message
-    assert hub.errors == 3
-    assert len([r for r in caplog.records if "stream summary failed" in r.message]) == 1
+    assert message is not None and b'"n":9' in message
+    assert hub.errors == 8
+    assert len([r for r in caplog.records if "stream summary failed" in r.message]) == 5
     await hub.close()
 
 

@@ -1,0 +1,128 @@
+"""Issue 14 (transport side): bounded replay answers, a replay that cannot open its socket,
+a supervised subscription task, and bad frames logged for as long as they come."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+from _helpers import FakeEngine, batch, stored, wait_until
+
+from router.config import RouterSettings, WorkerSpec
+from router.replay import ReplayFailed, ReplayTooLarge, request_replay
+from router.service import RouterService
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[FakeEngine]:
+    eng = FakeEngine()
+    yield eng
+    await eng.close()
+
+
+async def start(engine: FakeEngine, **settings: Any) -> tuple[RouterService, Any]:
+    svc = RouterService(RouterSettings(replay_timeout_s=1.0, **settings))
+    await svc.start()
+    await svc.add_worker(WorkerSpec(**engine.spec("w0")))
+    await engine.wait_subscribed()
+    sub = svc.subscriptions.get("w0")
+    await wait_until(lambda: len(engine.replay_requests) >= 1 and not sub.syncing)
+    return svc, sub
+
+
+async def test_replay_answer_is_bounded_in_bytes_and_frames(engine: FakeEngine):
+    for _ in range(20):
+        await engine.publish_payload(b"x" * 100_000, deliver=False)
+    ctx = zmq.asyncio.Context()
+    try:
+        assert engine.replay_endpoint is not None
+        with pytest.raises(ReplayTooLarge, match="bytes"):
+            await request_replay(ctx, engine.replay_endpoint, 0, timeout_s=5, max_bytes=1 << 20)
+        with pytest.raises(ReplayTooLarge, match="10 frames"):
+            await request_replay(ctx, engine.replay_endpoint, 0, timeout_s=5, max_frames=10)
+        frames, _ = await request_replay(ctx, engine.replay_endpoint, 0, timeout_s=5)
+        assert len(frames) == 20
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_oversized_replay_is_counted_and_the_worker_carries_on(engine: FakeEngine):
+    svc, sub = await start(engine, replay_max_bytes=1 << 20)
+    try:
+        for _ in range(20):  # 2 MB the router never sees live: the gap asks a replay
+            await engine.publish_payload(b"x" * 100_000, deliver=False)
+        await engine.publish(batch(stored([1, 2], list(range(8)))))
+        await wait_until(lambda: sub.counters.replay_overflows >= 1, what="overflow counted")
+        assert sub.counters.replay_failures >= 1
+        metrics = await svc.metrics.render()
+        assert b'kvroute_replay_overflows_total{worker="w0"} 1.0' in metrics
+        await engine.publish(batch(stored([3], list(range(100, 104)))))
+        await wait_until(lambda: sub.last_seq.get(0, -1) >= 21, what="later batch applied")
+    finally:
+        await svc.stop()
+
+
+async def test_replay_without_a_free_socket_fails_cleanly(engine: FakeEngine):
+    """The DEALER is created inside the try: a full context is a ReplayFailed, not a
+    ZMQError escaping into (and killing) the subscription task."""
+    ctx = zmq.asyncio.Context()
+    ctx.set(zmq.MAX_SOCKETS, 2)
+    held = []
+    try:
+        with pytest.raises(zmq.ZMQError):
+            for _ in range(10):
+                held.append(ctx.socket(zmq.PAIR))
+        assert engine.replay_endpoint is not None
+        with pytest.raises(ReplayFailed, match="replay from"):
+            await request_replay(ctx, engine.replay_endpoint, 0, timeout_s=1)
+    finally:
+        for s in held:
+            s.close(linger=0)
+        ctx.destroy(linger=0)
+
+
+async def test_subscription_task_is_supervised_and_restarted(
+    engine: FakeEngine, caplog: pytest.LogCaptureFixture
+):
+    svc, sub = await start(engine)
+    try:
+        writer = sub._writer
+        real_flush = writer.flush
+        failures = {"left": 1}
+
+        async def flaky_flush() -> None:  # a fault injected once into the apply loop
+            if failures["left"]:
+                failures["left"] -= 1
+                raise RuntimeError("injected")
+            await real_flush()
+
+        writer.flush = flaky_flush
+        caplog.set_level(logging.ERROR, logger="router.subscriber")
+        await engine.publish(batch(stored([1, 2], list(range(8)))))
+        await wait_until(lambda: sub.counters.task_restarts == 1, what="task restarted")
+        await wait_until(lambda: sub.last_seq.get(0, -1) >= 0, what="batch applied")
+        await engine.publish(batch(stored([3], list(range(100, 104)))))
+        await wait_until(lambda: sub.last_seq.get(0, -1) >= 1, what="later batch applied")
+        assert any("subscription task failed" in r.getMessage() for r in caplog.records)
+        assert b'kvroute_task_restarts_total{worker="w0"} 1.0' in await svc.metrics.render()
+    finally:
+        await svc.stop()
+
+
+async def test_bad_frames_keep_being_logged(engine: FakeEngine, caplog: pytest.LogCaptureFixture):
+    """Not "once per process": each of the first few bad frames is logged, with a count."""
+    caplog.set_level(logging.WARNING, logger="router.subscriber")
+    svc, sub = await start(engine)
+    try:
+        for _ in range(4):
+            await engine.publish_payload(b"\xc1 not msgpack")
+        await engine.publish(batch(stored([1, 2], list(range(8)))))
+        await wait_until(lambda: sub.last_seq.get(0, -1) >= 4, what="good batch applied")
+        lines = [r.getMessage() for r in caplog.records if "undecodable" in r.getMessage()]
+        assert len(lines) >= 4 and "4 so far" in lines[3], lines
+    finally:
+        await svc.stop()
