@@ -2,8 +2,8 @@
 
 A request goes through four calls, so that the engine can move data in between:
 
-1. ``begin`` finds the longest hit (DESIGN §3, via ``hit_rule.longest_hit``) over blocks
-   on the GPU pool *or* a lower tier (e.g. CPU offload), takes references on the GPU
+1. ``begin`` finds the longest hit (docs/design.md#hit-rule, ``hit_rule.longest_hit``) over
+   blocks on the GPU pool *or* a lower tier (e.g. CPU offload), takes references on the GPU
    blocks it reuses, and lists the blocks still to allocate -- some of which will be
    loaded back from the lower tier;
 2. ``allocate`` gives those a slot (possibly evicting; the engine first offloads
@@ -163,7 +163,8 @@ class KVCacheManager:
     def find_longest_cache_hit(
         self, request: Request | Sequence[int], lower: LowerTierLookup | None = None
     ) -> CacheHit:
-        """DESIGN §3 over GPU blocks plus ``lower``-tier blocks (loaded back on a hit)."""
+        """The hit rule (docs/design.md#hit-rule) over GPU blocks plus ``lower``-tier blocks
+        (loaded back on a hit)."""
         if not isinstance(request, Request):
             request = self.make_request(request)
         n = len(request.token_ids)

@@ -1,4 +1,4 @@
-"""Scheduler-side lookups against an ``OffloadingManager``, per DESIGN §3.
+"""Scheduler-side lookups against an ``OffloadingManager``, per docs/design.md#hit-rule.
 
 The manager answers one block at a time (True, False, or None for "not known yet"); the
 functions here turn those answers into how many leading tokens of a request the offloaded

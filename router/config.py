@@ -163,7 +163,7 @@ class RouterSettings(BaseSettings):
     stream_period_s: float = Field(default=1.0, gt=0)
     stream_max_clients: int = Field(default=256, ge=1)
     stream_queue_size: int = Field(default=8, ge=1)
-    # Routing (/v1/route; see router.routing.policy and the README's routing section)
+    # Routing (/v1/route; see router.routing.policy and docs/routing.md#api)
     route_policy: str = "kv_aware"
     route_weights: dict[str, float] = Field(
         default_factory=dict, description="kv_aware weight overrides, e.g. {decode: 128}"

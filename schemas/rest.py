@@ -1,4 +1,4 @@
-"""REST request/response models of the router's v1 API (DESIGN §4).
+"""REST request/response models of the router's v1 API (docs/design.md#rest-contract).
 
 Pydantic models because FastAPI validates and documents them (OpenAPI) for free; the
 hot wire path uses msgspec instead. Field names are the stable public contract.

@@ -51,7 +51,7 @@ def normalise_medium(medium: str | None) -> str | None:
     return MEDIUM_ALIASES.get(medium)
 
 
-# ZMQ framing around the batches (DESIGN §2): a replay answer ends with the marker
+# ZMQ framing around the batches (docs/design.md#wire-format): a replay answer ends with the marker
 # ``[b"", b"", REPLAY_END_SEQ, b""]``, seq -1 as 8 signed big-endian bytes.
 REPLAY_END_SEQ = (-1).to_bytes(8, "big", signed=True)
 

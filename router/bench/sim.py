@@ -253,8 +253,8 @@ class InfiniteCacheBound:
     """Every full block ever computed stays cached: the hit rate no cache size can beat.
 
     With nothing evicted, every group holds every block of every earlier prompt, so the
-    DESIGN §3 rule reduces to "the longest prefix of blocks seen before" (still aligned
-    to the lcm and capped at ``request_tokens - 1`` by ``longest_hit``).
+    hit rule (docs/design.md#hit-rule) reduces to "the longest prefix of blocks seen before"
+    (still aligned to the lcm and capped at ``request_tokens - 1`` by ``longest_hit``).
     """
 
     def __init__(self, groups: Sequence[GroupSpec]) -> None:

@@ -1,7 +1,7 @@
 """The replay client: ask a publisher's ROUTER for every buffered batch from a seq on.
 
-Protocol (DESIGN §2): send ``[b"", start_seq (8B BE)]`` on a DEALER; the publisher answers
-``[b"", topic, seq, payload]`` per buffered batch with ``seq >= start_seq`` and then the end
+Protocol (docs/design.md#wire-format): send ``[b"", start_seq (8B BE)]`` on a DEALER; the
+publisher answers ``[b"", topic, seq, payload]`` per buffered batch with ``seq >= start_seq`` and then the end
 marker ``[b"", b"", -1 (8B signed BE), b""]``.
 
 Why a fresh DEALER per request: a timed-out request may still be answered later, and a

@@ -1,4 +1,4 @@
-"""Read side: HMA-exact per-worker scores for a request (DESIGN §3, §4).
+"""Read side: HMA-exact per-worker scores for a request (docs/design.md#hit-rule and #scoring).
 
 Per request: hash the token ids once per distinct group block size, fetch every worker's
 membership in one backend call, then per worker apply ``schemas.hit_rule`` twice --

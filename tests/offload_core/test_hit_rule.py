@@ -1,4 +1,4 @@
-"""The hybrid (HMA) hit rule of DESIGN §3, on hand-made cases and against a brute force."""
+"""The hybrid (HMA) hit rule (docs/design.md#hit-rule): hand-made cases and a brute force."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_acceptor_edges() -> None:
     assert longest_hit(100, [], []) == 0
 
 
-# -- brute force straight from the DESIGN §3 text -----------------------------------------
+# -- brute force straight from the rule's text (docs/design.md#hit-rule) -----------------
 
 
 def _cached(c: list[bool], i: int) -> bool:

@@ -4,7 +4,7 @@
   loopback port (real HTTP, and the test can still look at the service object).
 * ``FakeEngine`` is a publisher we fully control: an XPUB socket (so a test can wait
   until the router's subscription has arrived instead of sleeping) and a replay ROUTER
-  speaking DESIGN §2, with seq numbers, drops and buffer size chosen by the test.
+  speaking docs/design.md#wire-format, with seq numbers, drops and buffer size chosen by the test.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The REST contract (DESIGN §4) over real HTTP: shapes, errors, auth, metrics, outages."""
+"""The REST contract (docs/design.md#rest-contract) over real HTTP: shapes, errors, auth,
+metrics, outages."""
 
 from __future__ import annotations
 
