@@ -1,8 +1,8 @@
 """The replay client: ask a publisher's ROUTER for every buffered batch from a seq on.
 
 Protocol (docs/design.md#wire-format): send ``[b"", start_seq (8B BE)]`` on a DEALER; the
-publisher answers ``[b"", topic, seq, payload]`` per buffered batch with ``seq >= start_seq`` and then the end
-marker ``[b"", b"", -1 (8B signed BE), b""]``.
+publisher answers ``[b"", topic, seq, payload]`` per buffered batch with
+``seq >= start_seq`` and then the end marker ``[b"", b"", -1 (8B signed BE), b""]``.
 
 Why a fresh DEALER per request: a timed-out request may still be answered later, and a
 socket of its own guarantees those late frames can never be mistaken for the answer to

@@ -33,7 +33,8 @@ class PolicyWeights:
     """Weights of the ``kv_aware`` cost, in prompt-token units.
 
     Defaults were tuned with ``kvroute bench routing`` on the Mooncake conversation trace
-    (8 workers, 1024 blocks of 512 tokens each; docs/benchmarks.md#routing-on-the-mooncake-trace) and checked over
+    (8 workers, 1024 blocks of 512 tokens each;
+    docs/benchmarks.md#routing-on-the-mooncake-trace) and checked over
     several tie-break seeds: a backlog token weighs 0.15 of a token this request must
     prefill (work saved is saved for good, queueing behind a backlog is brief), and each
     in-flight request 512 tokens (steady pressure that keeps totals balanced).
