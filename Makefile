@@ -29,6 +29,7 @@ system-deps:
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 test: install system-deps lint
 	$(BIN)/python -m pytest

@@ -16,7 +16,7 @@ from offload_core.vpool import VBlock, VBlockPool
 from schemas.hit_rule import GroupSpec
 
 if TYPE_CHECKING:
-    from offload_core.vcache import VRequest
+    from offload_core.vrequest import VRequest
 
 
 class MambaManager(GroupManager):

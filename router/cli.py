@@ -12,7 +12,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("router.serve", "run the cache-aware router (REST API + event ingestion)"),
-    "engine": ("offload_core.engine", "run a simulated engine worker that publishes KV events"),
+    "engine": ("offload_core.engine_cli", "run a simulated engine worker that publishes KV events"),
     "demo": ("router.ops.demo", "start engines + router, replay a workload, compare policies"),
     "bench": ("router.bench", "benchmarks (e.g. `kvroute bench routing --trace FILE`)"),
     "tail": ("router.ops.tail", "pretty-print a live vLLM-format KV event stream"),

@@ -10,8 +10,8 @@ just before each scrape, because a collector itself must not await.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,7 +25,16 @@ from prometheus_client.registry import Collector
 from router.index.base import IndexUnavailable
 
 if TYPE_CHECKING:
-    from router.service import RouterService
+    from router.index.base import IndexBackend
+    from router.ingest.index_watch import IndexWatch
+    from router.ingest.ingestor import Ingestor
+
+
+class Subscriptions(Protocol):
+    """What the collector reads of the subscriptions: each worker's transport state."""
+
+    def all(self) -> list[Any]: ...
+
 
 log = logging.getLogger(__name__)
 # `*_created` samples (a timestamp per metric) only confuse dashboards here.
@@ -68,7 +77,13 @@ _INDEX_GAUGES = {
 class RouterMetrics:
     """The registry, the score-latency histogram and the scrape-time collector."""
 
-    def __init__(self, service: RouterService) -> None:
+    def __init__(
+        self,
+        index: IndexBackend,
+        ingestor: Ingestor,
+        subscriptions: Subscriptions,
+        index_watch: Callable[[], IndexWatch | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.score_latency = Histogram(
             "kvroute_score_duration_seconds",
@@ -76,18 +91,20 @@ class RouterMetrics:
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 0.5),
             registry=self.registry,
         )
-        self._collector = _ServiceCollector(service)
+        self._collector = _ServiceCollector(ingestor, subscriptions, index_watch)
         self.registry.register(self._collector)
-        self._service = service
+        self._index = index
+        self._ingestor = ingestor
+        self._subscriptions = subscriptions
 
     async def refresh(self) -> None:
         """Fetch the index-side values the next scrape shows (best effort)."""
-        svc = self._service
         try:
-            stats = await svc.index.stats()
+            stats = await self._index.stats()
             blocks: dict[str, dict[int, dict[str, int]]] = {}
-            for worker_id in svc.worker_ids():
-                groups = await svc.ingestor.worker_groups(worker_id)
+            for sub in self._subscriptions.all():
+                worker_id = sub.worker_id
+                groups = await self._ingestor.worker_groups(worker_id)
                 blocks[worker_id] = {g: dict(info.blocks_by_medium) for g, info in groups.items()}
         except IndexUnavailable:
             self._collector.index_up = False
@@ -102,15 +119,21 @@ class RouterMetrics:
 
 
 class _ServiceCollector(Collector):
-    def __init__(self, service: RouterService) -> None:
-        self._service = service
+    def __init__(
+        self,
+        ingestor: Ingestor,
+        subscriptions: Subscriptions,
+        index_watch: Callable[[], IndexWatch | None],
+    ) -> None:
+        self._ingestor = ingestor
+        self._subscriptions = subscriptions
+        self._index_watch = index_watch
         self.index_up = True
         self.index_stats: dict[str, int | float | str] = {}
         self.blocks: dict[str, dict[int, dict[str, int]]] = {}
 
     def collect(self) -> Iterator[Metric]:
-        svc = self._service
-        subs = svc.subscriptions.all()
+        subs = self._subscriptions.all()
         for suffix, attr, help_ in _WORKER_COUNTERS:
             fam = CounterMetricFamily(f"kvroute_{suffix}", help_, labels=["worker"])
             for sub in subs:
@@ -164,7 +187,7 @@ class _ServiceCollector(Collector):
         yield last_seq
         yield silent
         yield partial
-        watch = svc.index_watch
+        watch = self._index_watch()
         yield CounterMetricFamily(
             "kvroute_index_losses",
             "times the shared index was found without the registered workers (restarted "
@@ -174,7 +197,7 @@ class _ServiceCollector(Collector):
         yield faulted
         yield GaugeMetricFamily("kvroute_workers", "registered workers", value=len(subs))
 
-        for name, value in svc.ingestor.counters.as_dict().items():
+        for name, value in self._ingestor.counters.as_dict().items():
             yield CounterMetricFamily(
                 f"kvroute_ingest_{name}", f"ingest counter {name} (all workers)", value=value
             )

@@ -164,7 +164,9 @@ class RouterService:
         self.scorer = Scorer(self.index, tier_weights=s.tier_weights)
         self._allow = parse_allow_list(s.worker_allow)
         self.subscriptions = SubscriptionManager(self.ingestor, s)
-        self.metrics = RouterMetrics(self)
+        self.metrics = RouterMetrics(
+            self.index, self.ingestor, self.subscriptions, lambda: self.index_watch
+        )
         # Appended to by the routing extension; read by dashboards.
         self.recent_routes: collections.deque[Any] = collections.deque(maxlen=s.recent_routes)
         self.started_at = time.time()

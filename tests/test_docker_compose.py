@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from offload_core.engine import build_parser as engine_parser
+from offload_core.engine_cli import build_parser as engine_parser
 from router.cli import SUBCOMMANDS
 from router.config import parse_worker_spec
 from router.serve import build_parser as serve_parser

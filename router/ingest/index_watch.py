@@ -14,13 +14,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from router.index.base import IndexUnavailable
 from router.logging_setup import event_extra
 
 if TYPE_CHECKING:
-    from router.service import RouterService
+    from router.index.base import IndexBackend
+
+
+class WatchedService(Protocol):
+    """What the watch needs of the router: its subscriptions, its index, and a way to
+    save a worker's registration and settings again."""
+
+    subscriptions: Any
+    index: IndexBackend
+
+    async def restore_worker(self, worker_id: str) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +39,7 @@ log = logging.getLogger(__name__)
 class IndexWatch:
     """Polls the index for the registered workers' metadata (one call per check)."""
 
-    def __init__(self, service: RouterService, every_s: float) -> None:
+    def __init__(self, service: WatchedService, every_s: float) -> None:
         self.service = service
         self.every_s = every_s
         self.losses = 0  # times the index was found without our workers

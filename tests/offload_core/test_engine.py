@@ -18,8 +18,9 @@ import pytest
 import uvicorn
 import zmq
 
-from offload_core.engine import EngineConfig, SimEngine, build_parser
+from offload_core.engine import EngineConfig, SimEngine
 from offload_core.engine_app import create_app
+from offload_core.engine_cli import build_parser
 from router.netutil import free_ports
 from schemas import AllBlocksCleared, BlockStored, decode_batch
 
@@ -152,7 +153,7 @@ async def test_concurrent_requests_are_serialised(engine: SimEngine, base_url: s
 def test_vllm_option_flags_reach_the_engine_and_bad_ones_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from offload_core.engine import main
+    from offload_core.engine_cli import main
 
     args = build_parser().parse_args(
         shlex.split(

@@ -104,7 +104,7 @@ def test_version(capsys: pytest.CaptureFixture[str]):
 
 
 def _parsers() -> list[argparse.ArgumentParser]:
-    from offload_core.engine import build_parser as engine
+    from offload_core.engine_cli import build_parser as engine
     from router.bench.commands import build_parser as bench
     from router.ops.demo import build_parser as demo
     from router.ops.tail import build_parser as tail
@@ -130,7 +130,7 @@ def test_every_cli_flag_has_help():
 
 
 def test_engine_defaults_keep_what_always_binds_on_loopback():
-    from offload_core.engine import build_parser
+    from offload_core.engine_cli import build_parser
 
     args = build_parser().parse_args([])
     assert args.host == "127.0.0.1"
