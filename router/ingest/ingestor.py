@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 from router.index.base import (
@@ -40,6 +39,7 @@ from router.index.base import (
     StoreOp,
     WorkerState,
 )
+from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
 from schemas import (
     MEDIUM_GPU,
@@ -56,36 +56,6 @@ log = logging.getLogger(__name__)
 
 # (index of the batch's first event in a merged batch, DP rank, seq, payload crc32)
 SeqMark = tuple[int, int, int, int]
-
-
-@dataclass
-class IngestCounters:
-    """Plain counters; the transport exports them as Prometheus metrics."""
-
-    batches: int = 0
-    events_stored: int = 0
-    events_removed: int = 0
-    events_cleared: int = 0
-    events_unknown: int = 0  # event objects of a type the ingestor does not know
-    blocks_stored: int = 0  # (worker, group, key, medium) entries newly set
-    blocks_stored_repeat: int = 0  # idempotent repeats
-    blocks_removed: int = 0
-    blocks_removed_missing: int = 0  # removal of an entry not held (repeat or never seen)
-    unknown_parent: int = 0  # blocks not indexed: parent hash never seen
-    unresolved_blocks: int = 0  # token-less blocks whose hash the map does not know
-    bad_events: int = 0  # unknown medium, token/block count mismatch, bad block size
-    bad_groups: int = 0  # events with a negative or non-integer group_idx
-    unplaced_blocks: int = 0  # sparse-store blocks whose position contradicts the map
-    sparse_stores: int = 0  # stores listing fewer blocks than their tokens hold
-    partial_stores: int = 0  # partial entries (block_size below the group's)
-    group_changes: int = 0  # a group's kind/size/window changed
-    hash_unit_changes: int = 0  # a smaller block size showed the learned unit was wrong
-    worker_clears: int = 0  # clear_worker calls (resyncs)
-    batches_skipped: int = 0  # batches the index had applied already (seq guard)
-    reannounced_blocks: int = 0  # kv_cache_report_mode "full" re-announcements (no copy)
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class Ingestor:

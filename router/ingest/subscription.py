@@ -35,7 +35,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from router.config import RouterSettings, WorkerSpec
-from router.ingest.replay_client import ReplayFailed, ReplayFrame, ReplayTooLarge, request_replay
+from router.ingest.recovery import REPAIR_FIRST_S, RecoveryMixin
 from router.ingest.sequencing import SeqTracker, Verdict
 from router.ingest.writer import IndexWriter
 from router.logging_setup import event_extra
@@ -61,9 +61,6 @@ _IDLE_POLL_MS = 250
 # Delay from a TCP connect to the catch-up replay: by then the subscription has reached
 # the publisher, so nothing published after the replay's answer can be missed.
 CATCH_UP_DELAY_S = 0.15
-# Backoff of the clear-and-replay repair after a failed index write (doubles per failure).
-_REPAIR_FIRST_S = 0.2
-_REPAIR_MAX_S = 30.0
 # Back-off between restarts of a failed subscription task.
 _RESTART_MIN_S = 0.1
 _RESTART_MAX_S = 5.0
@@ -91,7 +88,7 @@ class WorkerCounters:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class WorkerSubscription:
+class WorkerSubscription(RecoveryMixin):
     """The SUB socket, replay client and apply loop of one worker."""
 
     def __init__(
@@ -116,7 +113,7 @@ class WorkerSubscription:
         self._registered_at = time.monotonic()
         self._last_frame_at = self._tail_checked_at = time.monotonic()
         self._repair_at: float | None = None
-        self._repair_delay = _REPAIR_FIRST_S
+        self._repair_delay = REPAIR_FIRST_S
         self.faulted = False  # an index write failed; repaired when _repair_at is due
         # Rebuilt from a replay buffer that did not reach back to seq 0: the index lacks
         # blocks cached before it, so estimates are lower bounds until the engine clears.
@@ -261,24 +258,6 @@ class WorkerSubscription:
                 return
 
     # ------------------------------------------------------------------ main loop
-    async def _resume_from_index(self) -> None:
-        """Before anything else: a router restarted on a shared index (Redis) resumes
-        where the index says it was -- per rank the last applied seq and its payload's
-        fingerprint -- so the catch-up replay applies only what is new and notices a
-        publisher that restarted meanwhile. Entries without recorded seqs cannot be
-        matched with the stream: they are cleared and rebuilt."""
-        persisted = await self._writer.persisted_seqs()
-        if persisted:
-            for rank, (seq, fingerprint) in persisted.items():
-                self._seq.mark_applied(rank, seq, fingerprint)
-                self._writer.written[rank] = seq
-        elif await self._writer.holds_entries():
-            await self._clear("the index holds this worker's entries without their seqs")
-
-    def request_resync(self, why: str) -> None:
-        """Clear and rebuild from the publisher's buffer, in this subscription's task."""
-        self._resync_why = why
-
     async def _supervise(self) -> None:
         """Run the apply loop; an unexpected exception restarts it (counted in
         ``task_restarts``, logged rate-limited) instead of leaving the worker frozen at
@@ -342,69 +321,6 @@ class WorkerSubscription:
             await self._flush()
             await asyncio.sleep(0)
 
-    async def _check_tail(self) -> None:
-        """PUB/SUB has no heartbeat: a frame lost at the end of a burst stays unnoticed
-        until the next frame arrives. After ``tail_check_s`` of silence, ask the replay
-        socket for anything after our last seq (an idle engine answers with nothing)."""
-        every = self._settings.tail_check_s
-        top = self._seq.top_seq
-        if not every or top is None or self.spec.replay_endpoint is None:
-            return
-        now = time.monotonic()
-        if now - max(self._last_frame_at, self._tail_checked_at) < every:
-            return
-        self._tail_checked_at = now
-        self.counters.tail_checks += 1
-        frames = await self._fetch_replay(top + 1, quiet=True)
-        if frames:
-            self.counters.gaps += 1
-            log.warning(
-                "worker %s: %d frame(s) after seq %d were lost at the tail of the stream; replayed",
-                self.worker_id,
-                len(frames),
-                top,
-                extra=self._event("lost_tail", seq=top, frames=len(frames)),
-            )
-            await self._apply_replayed(frames)
-            await self._flush()
-
-    async def _catch_up(self) -> None:
-        """After a (re)connect: fetch what was published while we were not subscribed,
-        and tell a publisher that carried on from one that restarted meanwhile.
-
-        The replay starts at our newest applied seq so its first frame can be compared
-        with what we applied: a publisher that carried on answers that very frame; a
-        restarted one answers nothing, other bytes, or (if it got further) a later seq.
-        """
-        seq = self._seq
-        top, fingerprint = seq.top_seq, seq.top_print
-        if top is None or not seq.shared:  # nothing to compare with: plain catch-up
-            await self._recover(start=0 if top is None else top, quiet=True)
-            return
-        got = await self._fetch_replay(top, quiet=True)
-        if got is None:
-            return
-        same = bool(got) and got[0].seq == top and zlib.crc32(got[0].payload) == fingerprint
-        if same:
-            await self._apply_replayed(got)
-            await self._flush()
-            return
-        if got and got[0].seq > top:
-            # Its buffer starts after our last seq: it moved past its buffer while we
-            # were away (or restarted and got further); either way history is missing.
-            why, event = f"the publisher's buffer now starts at seq {got[0].seq}", "replay_overrun"
-        else:  # nothing at our seq, or other bytes there: a new publisher process
-            why, event = "the publisher restarted while we were away", "publisher_restarted"
-        log.warning(
-            "worker %s: history after seq %d is not available (%s); resyncing",
-            self.worker_id,
-            top,
-            why,
-            extra=self._event(event, seq=top),
-        )
-        self._seq.forget_live()
-        await self._recover(start=0, clear_first=True, why=why)
-
     async def _on_live(self, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
             self._decode_error(f"expected 3 frames [topic, seq(8B), payload], got {len(frames)}")
@@ -457,134 +373,6 @@ class WorkerSubscription:
             else:
                 await self._recover(start=decision.start, clear_on_miss=True)
             await self._apply_if_new(seq, batch, frames[2])
-
-    async def _resync_from(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
-        if seq > 0 and self.spec.replay_endpoint is not None:
-            await self._recover(start=0, clear_first=True)
-        else:
-            await self._clear("publisher restarted")
-        await self._apply_if_new(seq, batch, payload)
-
-    # ------------------------------------------------------------------ recovery
-    async def _recover(
-        self,
-        *,
-        start: int,
-        clear_on_miss: bool = False,
-        clear_first: bool = False,
-        quiet: bool = False,
-        why: str = "publisher restarted",
-    ) -> None:
-        """Replay from ``start`` and apply what it returns exactly once.
-
-        ``clear_on_miss``: the replay must begin at ``start`` or the stream has a hole we
-        cannot fill, so the worker is cleared and rebuilt from the buffer instead.
-        """
-        self.syncing = not quiet  # a catch-up after connecting is not a resync
-        try:
-            if clear_first:
-                await self._clear(why)
-            frames = await self._fetch_replay(start, quiet=quiet) or []
-            if clear_on_miss and (not frames or frames[0].seq > start):
-                first = frames[0].seq if frames else None
-                await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
-                clear_first = True
-            if clear_first:
-                # Rebuilt from the buffer: complete only if it reaches back to seq 0.
-                self.partial_history = bool(frames) and frames[0].seq > 0
-            await self._apply_replayed(frames)
-            await self._flush()
-        finally:
-            self.syncing = False
-
-    async def _fetch_replay(self, start: int, *, quiet: bool) -> list[ReplayFrame] | None:
-        """The publisher's buffered frames from ``start`` on our topic; None on failure."""
-        assert self.spec.replay_endpoint is not None
-        self.counters.replays += 1
-        try:
-            frames, malformed = await request_replay(
-                self._ctx,
-                self.spec.replay_endpoint,
-                start,
-                timeout_s=self._settings.replay_timeout_s,
-                max_frames=self._settings.replay_max_frames,
-                max_bytes=self._settings.replay_max_bytes,
-            )
-        except ReplayFailed as exc:
-            self.counters.replay_failures += 1
-            if isinstance(exc, ReplayTooLarge):
-                self.counters.replay_overflows += 1
-            # Right after connecting the ROUTER may simply not be up yet: no warning.
-            self._limited.log(
-                logging.INFO if quiet else logging.WARNING,
-                "replay_failed",
-                "worker %s: %s",
-                self.worker_id,
-                exc,
-                extra=self._event("replay_failed", start=start),
-            )
-            return None
-        self.counters.decode_errors += malformed
-        prefix = self.spec.topic.encode()
-        return [f for f in frames if f.topic.startswith(prefix)]
-
-    async def _apply_replayed(self, frames: list[ReplayFrame]) -> None:
-        """Apply the frames not applied yet; a replay overlaps what was decoded live, so
-        decoder counters count a frame only when it is new (once per seq)."""
-        for frame in frames:
-            scratch = DecodeStats()
-            batch = self._decode(frame.payload, frame.seq, scratch)
-            if batch is None:
-                continue
-            if self._seq.is_new(batch.data_parallel_rank or 0, frame.seq):
-                self.decode_stats.add(scratch)
-            await self._apply_if_new(frame.seq, batch, frame.payload)
-
-    async def _clear(self, why: str) -> None:
-        log.warning(
-            "worker %s: clearing its index entries and rebuilding (%s)",
-            self.worker_id,
-            why,
-            extra=self._event("resync", reason=why),
-        )
-        self.counters.resyncs += 1
-        self._seq.forget_applied()
-        await self._writer.clear()
-
-    async def _flush(self) -> None:
-        """Write what is staged. A write that failed (not an outage: a bug, a bad
-        backend reply) leaves the index without those batches: the worker is marked
-        ``faulted`` and repaired -- cleared and rebuilt from the publisher's buffer --
-        after a backoff that doubles while repairs fail, so a fault that persists costs
-        a repair every ``_REPAIR_MAX_S`` at most, never a hot loop."""
-        await self._writer.flush()
-        if self._writer.failed:
-            self._writer.failed = False
-            self._fault()
-
-    def _fault(self) -> None:
-        self.faulted = True
-        if self._repair_at is None:
-            self._repair_at = time.monotonic() + self._repair_delay
-            self._repair_delay = min(self._repair_delay * 2, _REPAIR_MAX_S)
-
-    async def _repair(self) -> None:
-        self._repair_at = None
-        await self._clear("an index write failed")
-        if self.spec.replay_endpoint is not None:
-            await self._apply_replayed(await self._fetch_replay(0, quiet=False) or [])
-        await self._writer.flush()
-        if self._writer.failed or self._writer.clear_failed:
-            self._writer.failed = self._writer.clear_failed = False
-            self._fault()
-            return
-        self.faulted = False
-        self._repair_delay = _REPAIR_FIRST_S
-        log.info(
-            "worker %s: repaired after a failed index write",
-            self.worker_id,
-            extra=self._event("worker_repaired"),
-        )
 
     # ------------------------------------------------------------------ apply
     async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:

@@ -1,0 +1,274 @@
+"""Recovery for a worker's subscription: catch-up, replay, resync, repair.
+
+Why apart from the live loop (``router.ingest.subscription``): every way the router
+gets back in step with an engine lives here -- the catch-up replay after a (re)connect
+that also tells a restarted publisher from one that carried on, gap and corrupted-frame
+replays, the idle-time check for a lost tail, resyncs (clear and rebuild from the
+publisher's buffer, with ``partial_history`` when the buffer does not reach seq 0), the
+repair of failed index writes, and resuming from the seqs a shared index recorded.
+``WorkerSubscription`` mixes it in; the state it reads is the subscription's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from router.ingest.replay_client import ReplayFailed, ReplayFrame, ReplayTooLarge, request_replay
+from schemas import DecodeStats, KVEventBatch
+
+if TYPE_CHECKING:
+    from router.config import RouterSettings, WorkerSpec
+    from router.ingest.sequencing import SeqTracker
+    from router.ingest.writer import IndexWriter
+    from router.ratelimited_log import RateLimitedLog
+
+log = logging.getLogger("router.ingest.subscription")
+
+# Backoff of the clear-and-replay repair after a failed index write (doubles per failure).
+REPAIR_FIRST_S = 0.2
+REPAIR_MAX_S = 30.0
+
+
+class RecoveryMixin:
+    """Recovery steps of ``WorkerSubscription`` (see the module docstring)."""
+
+    # Provided by WorkerSubscription.
+    worker_id: str
+    spec: WorkerSpec
+    counters: Any
+    decode_stats: DecodeStats
+    syncing: bool
+    faulted: bool
+    partial_history: bool
+    _ctx: Any
+    _settings: RouterSettings
+    _seq: SeqTracker
+    _writer: IndexWriter
+    _limited: RateLimitedLog
+    _repair_at: float | None
+    _repair_delay: float
+    _resync_why: str | None
+    _last_frame_at: float
+    _tail_checked_at: float
+
+    def _event(self, event: str, **fields: object) -> dict[str, object]:
+        raise NotImplementedError
+
+    def _decode(
+        self, payload: bytes, seq: int, stats: DecodeStats | None = None
+    ) -> KVEventBatch | None:
+        raise NotImplementedError
+
+    async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
+        raise NotImplementedError
+
+    async def _resume_from_index(self) -> None:
+        """Before anything else: a router restarted on a shared index (Redis) resumes
+        where the index says it was -- per rank the last applied seq and its payload's
+        fingerprint -- so the catch-up replay applies only what is new and notices a
+        publisher that restarted meanwhile. Entries without recorded seqs cannot be
+        matched with the stream: they are cleared and rebuilt."""
+        persisted = await self._writer.persisted_seqs()
+        if persisted:
+            for rank, (seq, fingerprint) in persisted.items():
+                self._seq.mark_applied(rank, seq, fingerprint)
+                self._writer.written[rank] = seq
+        elif await self._writer.holds_entries():
+            await self._clear("the index holds this worker's entries without their seqs")
+
+    def request_resync(self, why: str) -> None:
+        """Clear and rebuild from the publisher's buffer, in this subscription's task."""
+        self._resync_why = why
+
+    async def _check_tail(self) -> None:
+        """PUB/SUB has no heartbeat: a frame lost at the end of a burst stays unnoticed
+        until the next frame arrives. After ``tail_check_s`` of silence, ask the replay
+        socket for anything after our last seq (an idle engine answers with nothing)."""
+        every = self._settings.tail_check_s
+        top = self._seq.top_seq
+        if not every or top is None or self.spec.replay_endpoint is None:
+            return
+        now = time.monotonic()
+        if now - max(self._last_frame_at, self._tail_checked_at) < every:
+            return
+        self._tail_checked_at = now
+        self.counters.tail_checks += 1
+        frames = await self._fetch_replay(top + 1, quiet=True)
+        if frames:
+            self.counters.gaps += 1
+            log.warning(
+                "worker %s: %d frame(s) after seq %d were lost at the tail of the stream; replayed",
+                self.worker_id,
+                len(frames),
+                top,
+                extra=self._event("lost_tail", seq=top, frames=len(frames)),
+            )
+            await self._apply_replayed(frames)
+            await self._flush()
+
+    async def _catch_up(self) -> None:
+        """After a (re)connect: fetch what was published while we were not subscribed,
+        and tell a publisher that carried on from one that restarted meanwhile.
+
+        The replay starts at our newest applied seq so its first frame can be compared
+        with what we applied: a publisher that carried on answers that very frame; a
+        restarted one answers nothing, other bytes, or (if it got further) a later seq.
+        """
+        seq = self._seq
+        top, fingerprint = seq.top_seq, seq.top_print
+        if top is None or not seq.shared:  # nothing to compare with: plain catch-up
+            await self._recover(start=0 if top is None else top, quiet=True)
+            return
+        got = await self._fetch_replay(top, quiet=True)
+        if got is None:
+            return
+        same = bool(got) and got[0].seq == top and zlib.crc32(got[0].payload) == fingerprint
+        if same:
+            await self._apply_replayed(got)
+            await self._flush()
+            return
+        if got and got[0].seq > top:
+            # Its buffer starts after our last seq: it moved past its buffer while we
+            # were away (or restarted and got further); either way history is missing.
+            why, event = f"the publisher's buffer now starts at seq {got[0].seq}", "replay_overrun"
+        else:  # nothing at our seq, or other bytes there: a new publisher process
+            why, event = "the publisher restarted while we were away", "publisher_restarted"
+        log.warning(
+            "worker %s: history after seq %d is not available (%s); resyncing",
+            self.worker_id,
+            top,
+            why,
+            extra=self._event(event, seq=top),
+        )
+        self._seq.forget_live()
+        await self._recover(start=0, clear_first=True, why=why)
+
+    async def _resync_from(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
+        if seq > 0 and self.spec.replay_endpoint is not None:
+            await self._recover(start=0, clear_first=True)
+        else:
+            await self._clear("publisher restarted")
+        await self._apply_if_new(seq, batch, payload)
+
+    async def _recover(
+        self,
+        *,
+        start: int,
+        clear_on_miss: bool = False,
+        clear_first: bool = False,
+        quiet: bool = False,
+        why: str = "publisher restarted",
+    ) -> None:
+        """Replay from ``start`` and apply what it returns exactly once.
+
+        ``clear_on_miss``: the replay must begin at ``start`` or the stream has a hole we
+        cannot fill, so the worker is cleared and rebuilt from the buffer instead.
+        """
+        self.syncing = not quiet  # a catch-up after connecting is not a resync
+        try:
+            if clear_first:
+                await self._clear(why)
+            frames = await self._fetch_replay(start, quiet=quiet) or []
+            if clear_on_miss and (not frames or frames[0].seq > start):
+                first = frames[0].seq if frames else None
+                await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
+                clear_first = True
+            if clear_first:
+                # Rebuilt from the buffer: complete only if it reaches back to seq 0.
+                self.partial_history = bool(frames) and frames[0].seq > 0
+            await self._apply_replayed(frames)
+            await self._flush()
+        finally:
+            self.syncing = False
+
+    async def _fetch_replay(self, start: int, *, quiet: bool) -> list[ReplayFrame] | None:
+        """The publisher's buffered frames from ``start`` on our topic; None on failure."""
+        assert self.spec.replay_endpoint is not None
+        self.counters.replays += 1
+        try:
+            frames, malformed = await request_replay(
+                self._ctx,
+                self.spec.replay_endpoint,
+                start,
+                timeout_s=self._settings.replay_timeout_s,
+                max_frames=self._settings.replay_max_frames,
+                max_bytes=self._settings.replay_max_bytes,
+            )
+        except ReplayFailed as exc:
+            self.counters.replay_failures += 1
+            if isinstance(exc, ReplayTooLarge):
+                self.counters.replay_overflows += 1
+            # Right after connecting the ROUTER may simply not be up yet: no warning.
+            self._limited.log(
+                logging.INFO if quiet else logging.WARNING,
+                "replay_failed",
+                "worker %s: %s",
+                self.worker_id,
+                exc,
+                extra=self._event("replay_failed", start=start),
+            )
+            return None
+        self.counters.decode_errors += malformed
+        prefix = self.spec.topic.encode()
+        return [f for f in frames if f.topic.startswith(prefix)]
+
+    async def _apply_replayed(self, frames: list[ReplayFrame]) -> None:
+        """Apply the frames not applied yet; a replay overlaps what was decoded live, so
+        decoder counters count a frame only when it is new (once per seq)."""
+        for frame in frames:
+            scratch = DecodeStats()
+            batch = self._decode(frame.payload, frame.seq, scratch)
+            if batch is None:
+                continue
+            if self._seq.is_new(batch.data_parallel_rank or 0, frame.seq):
+                self.decode_stats.add(scratch)
+            await self._apply_if_new(frame.seq, batch, frame.payload)
+
+    async def _clear(self, why: str) -> None:
+        log.warning(
+            "worker %s: clearing its index entries and rebuilding (%s)",
+            self.worker_id,
+            why,
+            extra=self._event("resync", reason=why),
+        )
+        self.counters.resyncs += 1
+        self._seq.forget_applied()
+        await self._writer.clear()
+
+    async def _flush(self) -> None:
+        """Write what is staged. A write that failed (not an outage: a bug, a bad
+        backend reply) leaves the index without those batches: the worker is marked
+        ``faulted`` and repaired -- cleared and rebuilt from the publisher's buffer --
+        after a backoff that doubles while repairs fail, so a fault that persists costs
+        a repair every ``REPAIR_MAX_S`` at most, never a hot loop."""
+        await self._writer.flush()
+        if self._writer.failed:
+            self._writer.failed = False
+            self._fault()
+
+    def _fault(self) -> None:
+        self.faulted = True
+        if self._repair_at is None:
+            self._repair_at = time.monotonic() + self._repair_delay
+            self._repair_delay = min(self._repair_delay * 2, REPAIR_MAX_S)
+
+    async def _repair(self) -> None:
+        self._repair_at = None
+        await self._clear("an index write failed")
+        if self.spec.replay_endpoint is not None:
+            await self._apply_replayed(await self._fetch_replay(0, quiet=False) or [])
+        await self._writer.flush()
+        if self._writer.failed or self._writer.clear_failed:
+            self._writer.failed = self._writer.clear_failed = False
+            self._fault()
+            return
+        self.faulted = False
+        self._repair_delay = REPAIR_FIRST_S
+        log.info(
+            "worker %s: repaired after a failed index write",
+            self.worker_id,
+            extra=self._event("worker_repaired"),
+        )
