@@ -126,13 +126,22 @@ class KvAwarePolicy(Policy):
     ) -> list[float]:
         mean = sum(loads) / len(loads)
         limit = (1.0 + weights.balance_slack) * mean + weights.balance_floor
+        n = request.request_tokens
+        ctx = weights.context_tokens
         costs: list[float] = []
         for view, load in zip(views, loads, strict=True):
             affinity = 0.0
             if load <= limit:
                 affinity = max(view.score, float(view.predicted_tokens))
                 affinity = discount_hot(affinity, request.hot_tokens, weights.hot_discount)
-            costs.append(weights.prefill * (request.request_tokens - affinity) + load)
+            miss = n - affinity
+            if ctx > 0:  # attention over the context: long prompts cost super-linearly
+                miss *= 1.0 + (affinity + miss / 2) / ctx
+            speed = view.speed if view.speed > 0 else 1.0
+            queue = weights.backlog * view.prefill_backlog
+            if weights.backlog_over > 0:  # a backlog past the knee (a long prompt) repels
+                queue += weights.backlog_over * max(0.0, view.prefill_backlog - weights.knee)
+            costs.append((weights.prefill * miss + queue) / speed + weights.decode * view.inflight)
         return costs
 
 

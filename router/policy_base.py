@@ -38,6 +38,15 @@ class PolicyWeights:
     # against runaway hot spots; it never fires on the Mooncake trace).
     balance_slack: float = 0.5
     balance_floor: float = 65_536.0
+    # Backlog beyond ``knee`` tokens weighs ``backlog_over`` more: short queues are
+    # brief and worth waiting for a cache hit; a long prompt in prefill holds every
+    # request behind it for seconds (chunked prefill serves it first) -- the TTFT tail.
+    knee: float = 16_384.0
+    backlog_over: float = 0.0
+    # Prefill of a token at context c costs ``1 + c / context_tokens`` tokens' worth
+    # (attention grows with the context; ~2 x params / (4 x layers x hidden), 30k for
+    # Llama-3.1-8B); 0 counts every token alike.
+    context_tokens: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 

@@ -284,6 +284,7 @@ class RoutingCore:
         cap = max(n - 1, 0)
         engines = engines or {}
         unknown = EngineStats()
+        speeds = self.speeds.relative([s.worker_id for s in scores])
         views = []
         for s in scores:
             load = self.inflight.load(s.worker_id, now)
@@ -298,7 +299,7 @@ class RoutingCore:
                     prefill_backlog=load.prefill_backlog,
                     inflight_decode=load.decode_tokens,
                     inflight_tokens=load.tokens,
-                    speed=self.speeds.speed(s.worker_id),
+                    speed=speeds[s.worker_id],
                     engine=engines.get(s.worker_id, unknown),
                 )
             )

@@ -11,6 +11,7 @@ prefills (near-full cache hits) cannot drag the estimate down by dividing small 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -63,6 +64,18 @@ class SpeedEstimator:
 
     def speed(self, worker_id: str) -> float:
         return self.tps(worker_id) / self.nominal_tps
+
+    def relative(self, worker_ids: Sequence[str], dead_band: float = 0.35) -> dict[str, float]:
+        """Each worker's speed over the fleet's mean, clamped to [1/4, 4]; within
+        ``dead_band`` of 1.0 it is 1.0 (a homogeneous fleet's sampling noise, and the
+        decode interleaving that load already accounts for, must not steer placement)."""
+        tps = [self.tps(w) for w in worker_ids]
+        mean = sum(tps) / len(tps) if tps else 1.0
+        out: dict[str, float] = {}
+        for w, t in zip(worker_ids, tps, strict=True):
+            r = min(4.0, max(0.25, t / mean)) if mean > 0 else 1.0
+            out[w] = 1.0 if abs(r - 1.0) < dead_band else r
+        return out
 
     def forget(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
