@@ -115,9 +115,7 @@ def main() -> int:
         print(
             f"{wl:12s} N={n:2d} {cache:8s} load={load:.1f} kv_aware hit {k['hit_rate']:.4f} "
             f"p50 {k['ttft_p50_s']:.2f} p99 {k['ttft_p99_s']:.2f} imb {k['imbalance']:.2f} | "
-            + " ".join(
-                f"{x} {m['hit_rate']:.4f}/{m['ttft_p99_s']:.2f}" for x, m in best.items()
-            )
+            + " ".join(f"{x} {m['hit_rate']:.4f}/{m['ttft_p99_s']:.2f}" for x, m in best.items())
             + f" | {'OK' if all(v.values()) else v} ({time.perf_counter() - t0:.0f}s)",
             flush=True,
         )
