@@ -24,13 +24,19 @@ from router.bench.trace_replay import (
     full_groups_only,
     replay,
 )
-from router.bench.workloads import MooncakeTrace, Request, SyntheticConfig, synthetic_workload
+from router.bench.workload_prep import (
+    DEFAULT_TRACE,
+    load_workload,
+    mix_arg,
+    parse_floats,
+    parse_slice,
+)
+from router.bench.workloads import Request
 from router.routing.policy import POLICY_NAMES, PolicyWeights
 from router.routing.state import RoutingConfig
 from schemas.hashing import HASH_ALGOS
 from schemas.hit_rule import hit_step
 
-DEFAULT_TRACE = "benchmarks/data/mooncake_conversation_trace.jsonl"
 # 8 workers x 1024 blocks of 512 tokens: the shared bound sits well below the infinite
 # one (the cache matters) and no single prompt exceeds a worker's pool.
 DEFAULT_GPU_BLOCKS = 1024
@@ -79,6 +85,18 @@ def _common(p: argparse.ArgumentParser, groups: str) -> None:
     p.add_argument("--hold-blocks", action=argparse.BooleanOptionalAction, default=None,
                    help="requests keep their blocks until they finish "
                    "(default: on for hma, off for routing)")  # fmt: skip
+    p.add_argument("--engine-model", choices=("simple", "charged"), default="simple",
+                   help="simple: one prefill at a time, free decode (the original figures); "
+                   "charged: continuous batching, held blocks, learned speeds "
+                   "(docs/routing.md)")  # fmt: skip
+    p.add_argument("--worker-speeds", type=parse_floats, default=(),
+                   help="per-worker speed factors, cycled (charged), e.g. 1,1,0.5")  # fmt: skip
+    p.add_argument("--load", type=float, default=None,
+                   help="rescale arrivals to this offered load (see docs)")  # fmt: skip
+    p.add_argument("--slice", type=parse_slice, default=None,
+                   help="a:b: replay this fraction of the requests only")  # fmt: skip
+    p.add_argument("--mix", type=mix_arg, default=None,
+                   help="synthetic chat,agent,fanout session weights, e.g. 1,0,0")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="processes to spread the fleets over")  # fmt: skip
@@ -100,20 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _workload(args: argparse.Namespace) -> tuple[Iterable[Request], str]:
-    if args.synthetic is not None:
-        cfg = SyntheticConfig(requests=args.synthetic, seed=args.seed)
-        return synthetic_workload(cfg), f"synthetic({args.synthetic}, seed={args.seed})"
-    path = Path(args.trace or DEFAULT_TRACE)
-    trace = MooncakeTrace(path, limit=args.limit, seed=args.seed, time_scale=args.time_scale)
-    return trace, f"{path.name} ({len(trace)} requests)"
+    workload, label, _ = load_workload(args)
+    return workload, label
 
 
 def _config(args: argparse.Namespace) -> ReplayConfig:
     groups = parse_groups(args.groups.replace("{bs}", str(args.block_size)))
+    charged = args.engine_model == "charged"
     routing = RoutingConfig(
         weights=args.weights or PolicyWeights(),
         prefix_block_tokens=hit_step(groups),
         seed=args.seed,
+        # Charged engines report first tokens: the backlog leaves then, not by a given rate.
+        prefill_tps=0.0 if charged else args.prefill_tps,
     )
     return ReplayConfig(
         workers=args.workers,
@@ -121,6 +138,8 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
         groups=groups,
         routing=routing,
         cost=CostModel(args.prefill_tps, args.decode_s_per_token),
+        engine_model=args.engine_model,
+        worker_speeds=tuple(args.worker_speeds),
         hash_algo=args.hash_algo,
         event_delay_s=args.event_delay,
         truth_all_workers=args.bench == "hma",

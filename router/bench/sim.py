@@ -82,6 +82,7 @@ class FleetStats:
             "estimate_under": self.under,
             "predicted_used": self.predicted_used,
             "ttft_mean_s": round(sum(ttft) / len(ttft), 4) if ttft else 0.0,
+            "ttft_p50_s": round(p(0.5), 4),
             "ttft_p90_s": round(p(0.9), 4),
             "ttft_p99_s": round(p(0.99), 4),
         }
@@ -141,6 +142,10 @@ class Fleet:
         while self._deliveries and self._deliveries[0][0] <= now:
             t, _, w, events = heapq.heappop(self._deliveries)
             await self._apply(w, events, t)
+
+    async def drain(self) -> None:
+        """Apply everything still pending (end of the workload)."""
+        await self.advance(float("inf"))
 
     async def _apply(self, w: int, events: list[KVEvent], t: float) -> None:
         if self.event_filter is not None:

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from offload_core.kv_cache import KVCacheManager
+from router.bench.charged import ChargedFleet, ChargedModel
 from router.bench.sim import CostModel, EventFilter, Fleet, InfiniteCacheBound, SharedCacheBound
 from router.bench.workloads import Request
 from router.routing.state import RoutingConfig
@@ -41,6 +42,11 @@ class ReplayConfig:
     event_delay_s: float = 0.0
     truth_all_workers: bool = False
     hold_blocks: bool = False
+    # "simple": one prefill at a time, free decode (the original figures); "charged":
+    # router.bench.charged (continuous batching, held blocks, learned speeds).
+    engine_model: str = "simple"
+    charged: ChargedModel = field(default_factory=ChargedModel)
+    worker_speeds: tuple[float, ...] = ()
 
 
 async def replay(
@@ -54,7 +60,8 @@ async def replay(
     """Replay ``workload`` into every fleet; returns per-fleet summaries and (with
     ``bounds``) the shared-cache and infinite-cache hit rates."""
     built = {
-        f.name: Fleet(
+        f.name: _fleet(
+            cfg,
             f.policy,
             workers=cfg.workers,
             gpu_blocks=cfg.gpu_blocks,
@@ -94,6 +101,8 @@ async def replay(
         count += 1
         if progress is not None:
             progress(count)
+    for fleet in built.values():
+        await fleet.drain()
     timings["total_s"] = time.perf_counter() - t_start
     return {
         "policies": {name: fleet.summary() for name, fleet in built.items()},
@@ -109,10 +118,21 @@ async def replay(
             "event_delay_s": cfg.event_delay_s,
             "hold_blocks": cfg.hold_blocks,
             "cost": asdict(cfg.cost),
+            "engine_model": cfg.engine_model,
+            **({"charged": asdict(cfg.charged)} if cfg.engine_model == "charged" else {}),
+            "worker_speeds": list(cfg.worker_speeds),
             "weights": asdict(cfg.routing.weights),
         },
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
+
+
+def _fleet(cfg: ReplayConfig, policy: str, **kwargs: Any) -> Fleet:
+    if cfg.engine_model == "charged":
+        return ChargedFleet(policy, model=cfg.charged, speeds=cfg.worker_speeds, **kwargs)
+    if cfg.engine_model != "simple":
+        raise ValueError(f"unknown engine model {cfg.engine_model!r}")
+    return Fleet(policy, **kwargs)
 
 
 # ----------------------------------------------------------------- index variants

@@ -23,121 +23,36 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-DEFAULT_POLICY = "kv_aware"
+from router.routing.anchors import ANCHOR_CLASSES
+from router.routing.base import (
+    DEFAULT_POLICY,
+    Choice,
+    EngineStats,
+    Policy,
+    PolicyWeights,
+    RouteInput,
+    WorkerView,
+    discount_hot,
+    pick_min,
+    worker_load,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class PolicyWeights:
-    """Weights of the ``kv_aware`` cost, in prompt-token units.
-
-    Defaults were tuned with ``kvroute bench routing`` on the Mooncake conversation trace
-    (8 workers, 1024 blocks of 512 tokens each;
-    docs/benchmarks.md#routing-on-the-mooncake-trace) and checked over
-    several tie-break seeds: a backlog token weighs 0.15 of a token this request must
-    prefill (work saved is saved for good, queueing behind a backlog is brief), and each
-    in-flight request 512 tokens (steady pressure that keeps totals balanced).
-    """
-
-    prefill: float = 1.0
-    backlog: float = 0.15
-    decode: float = 512.0
-    # Hits on a prefix that at least ``hot_fraction`` of recent requests share count
-    # ``hot_discount`` times: every worker will hold such a prefix soon, so it should not
-    # decide placement.
-    hot_fraction: float = 0.5
-    hot_discount: float = 0.0
-    # A worker whose load is above ``(1 + balance_slack) * mean + balance_floor`` loses
-    # its affinity: balance wins over cache reuse there. Loose by default (a safety net
-    # against runaway hot spots; it never fires on the Mooncake trace).
-    balance_slack: float = 0.5
-    balance_floor: float = 65_536.0
-    # Decode tokens the router assumes per request when the caller does not say.
-    expected_output_tokens: int = 256
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerView:
-    """Everything a policy may look at for one worker."""
-
-    worker_id: str
-    hit_tokens: int = 0
-    hit_tokens_gpu: int = 0
-    score: float = 0.0
-    predicted_tokens: int = 0
-    inflight: int = 0
-    prefill_backlog: float = 0.0
-    inflight_decode: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class RouteInput:
-    request_tokens: int
-    hot_tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    index: int
-    loads: list[float] = field(default_factory=list)
-    costs: list[float] = field(default_factory=list)
-
-
-def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
-    """Outstanding work on a worker, in prompt-token equivalents."""
-    return weights.backlog * view.prefill_backlog + weights.decode * view.inflight
-
-
-def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:
-    """Count hits inside the hot prefix ``discount`` times, the rest in full."""
-    if hot_tokens <= 0 or discount >= 1.0:
-        return affinity
-    hot = min(affinity, float(hot_tokens))
-    return (affinity - hot) + discount * hot
-
-
-def pick_min(values: Sequence[float], rng: random.Random, tolerance: float = 1e-9) -> int:
-    """Index of the smallest value; ties (within ``tolerance``) broken at random."""
-    best = min(values)
-    ties = [i for i, v in enumerate(values) if v <= best + tolerance]
-    return ties[0] if len(ties) == 1 else rng.choice(ties)
-
-
-class Policy:
-    """Chooses one of ``views`` (never empty) for a request.
-
-    Every policy reports the same per-worker loads; a policy says only how it costs a
-    worker (:meth:`costs`) and, where it is not "cheapest wins", how it picks
-    (:meth:`pick`).
-    """
-
-    name: str
-
-    def choose(
-        self,
-        request: RouteInput,
-        views: Sequence[WorkerView],
-        weights: PolicyWeights,
-        rng: random.Random,
-    ) -> Choice:
-        loads = [worker_load(v, weights) for v in views]
-        costs = self.costs(request, views, loads, weights)
-        return Choice(self.pick(views, costs, rng), loads, costs)
-
-    def costs(
-        self,
-        request: RouteInput,
-        views: Sequence[WorkerView],
-        loads: list[float],
-        weights: PolicyWeights,
-    ) -> list[float]:
-        """Cost of sending ``request`` to each worker; all zero for cost-blind policies."""
-        return [0.0] * len(views)
-
-    def pick(self, views: Sequence[WorkerView], costs: list[float], rng: random.Random) -> int:
-        """Index of the chosen worker: the cheapest, ties broken at random."""
-        return pick_min(costs, rng)
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICY_CLASSES",
+    "POLICY_NAMES",
+    "Choice",
+    "EngineStats",
+    "Policy",
+    "PolicyWeights",
+    "RouteInput",
+    "WorkerView",
+    "discount_hot",
+    "make_policy",
+    "pick_min",
+    "worker_load",
+]
 
 
 class RandomPolicy(Policy):
@@ -211,13 +126,22 @@ class KvAwarePolicy(Policy):
     ) -> list[float]:
         mean = sum(loads) / len(loads)
         limit = (1.0 + weights.balance_slack) * mean + weights.balance_floor
+        n = request.request_tokens
+        ctx = weights.context_tokens
         costs: list[float] = []
         for view, load in zip(views, loads, strict=True):
             affinity = 0.0
             if load <= limit:
                 affinity = max(view.score, float(view.predicted_tokens))
                 affinity = discount_hot(affinity, request.hot_tokens, weights.hot_discount)
-            costs.append(weights.prefill * (request.request_tokens - affinity) + load)
+            miss = n - affinity
+            if ctx > 0:  # attention over the context: long prompts cost super-linearly
+                miss *= 1.0 + (affinity + miss / 2) / ctx
+            speed = view.speed if view.speed > 0 else 1.0
+            queue = weights.backlog * view.prefill_backlog
+            if weights.backlog_over > 0:  # a backlog past the knee (a long prompt) repels
+                queue += weights.backlog_over * max(0.0, view.prefill_backlog - weights.knee)
+            costs.append((weights.prefill * miss + queue) / speed + weights.decode * view.inflight)
         return costs
 
 
@@ -229,6 +153,7 @@ POLICY_CLASSES: dict[str, type[Policy]] = {
         RoundRobinPolicy,
         LeastLoadedPolicy,
         LongestPrefixPolicy,
+        *ANCHOR_CLASSES,
     )
 }
 POLICY_NAMES: tuple[str, ...] = tuple(POLICY_CLASSES)

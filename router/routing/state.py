@@ -14,19 +14,22 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from router.routing.policy import (
     DEFAULT_POLICY,
+    EngineStats,
     Policy,
     PolicyWeights,
     RouteInput,
     WorkerView,
     make_policy,
 )
+from router.routing.prefix_memory import PrefixMemory
+from router.routing.speed import SpeedEstimator
 
 
 class DuplicateRequestError(KeyError):
@@ -40,6 +43,8 @@ class Inflight:
     deadline: float
     prefill_tokens: float
     decode_tokens: float
+    tokens: float = 0.0  # prompt tokens (blocks held while it runs)
+    dispatched: float = 0.0
 
 
 @dataclass(slots=True)
@@ -51,6 +56,7 @@ class WorkerLoad:
     prefill_backlog: float = 0.0
     decode_tokens: float = 0.0
     updated: float = 0.0
+    tokens: float = 0.0
 
 
 class InflightTable:
@@ -94,10 +100,13 @@ class InflightTable:
         now: float,
         prefill_tokens: float = 0.0,
         decode_tokens: float = 0.0,
+        tokens: float = 0.0,
     ) -> Inflight:
         if request_id in self._items:
             raise DuplicateRequestError(request_id)
-        item = Inflight(request_id, worker_id, now + self.ttl, prefill_tokens, decode_tokens)
+        item = Inflight(
+            request_id, worker_id, now + self.ttl, prefill_tokens, decode_tokens, tokens, now
+        )
         self._items[request_id] = item
         load = self._loads.get(worker_id)
         if load is None:
@@ -106,6 +115,7 @@ class InflightTable:
         load.requests += 1
         load.prefill_backlog += prefill_tokens
         load.decode_tokens += decode_tokens
+        load.tokens += tokens
         heapq.heappush(self._deadlines, (item.deadline, request_id))
         return item
 
@@ -120,8 +130,23 @@ class InflightTable:
             del self._loads[item.worker_id]  # also resets float drift
             return item
         load.decode_tokens -= item.decode_tokens
+        load.tokens -= item.tokens
         if self.prefill_tps == 0:
             load.prefill_backlog -= item.prefill_tokens
+        return item
+
+    def get(self, request_id: str) -> Inflight | None:
+        return self._items.get(request_id)
+
+    def first_token(self, request_id: str) -> Inflight | None:
+        """Prefill is over (the engine streamed a token): the request's uncached tokens
+        leave its worker's backlog now rather than when it finishes."""
+        item = self._items.get(request_id)
+        if item is None or item.prefill_tokens == 0:
+            return item
+        load = self._loads[item.worker_id]
+        load.prefill_backlog = max(0.0, load.prefill_backlog - item.prefill_tokens)
+        item.prefill_tokens = 0.0
         return item
 
     def expire(self, now: float) -> int:
@@ -143,102 +168,12 @@ class InflightTable:
             return WorkerLoad()
         if now is not None:
             self._drain(load, now)
-        return WorkerLoad(load.requests, load.prefill_backlog, load.decode_tokens, load.updated)
+        return WorkerLoad(
+            load.requests, load.prefill_backlog, load.decode_tokens, load.updated, load.tokens
+        )
 
     def requests_by_worker(self) -> dict[str, int]:
         return {w: load.requests for w, load in self._loads.items()}
-
-
-class PrefixMemory:
-    """Prefix keys at a fixed token granularity: predictions and popularity.
-
-    Keys chain Python's tuple hash over ``block_tokens``-token chunks (ints hash the same
-    in every process), far cheaper than the engines' sha256: they only need to be stable
-    inside this router.
-    """
-
-    def __init__(
-        self,
-        block_tokens: int = 64,
-        predict_ttl: float = 3.0,
-        hot_window: int = 256,
-        hot_min_requests: int = 16,
-        hot_max_blocks: int = 64,
-    ) -> None:
-        if block_tokens <= 0:
-            raise ValueError("block_tokens must be positive")
-        self.block_tokens = block_tokens
-        self.predict_ttl = predict_ttl
-        self.hot_min_requests = hot_min_requests
-        self.hot_max_blocks = hot_max_blocks
-        self._predicted: dict[int, tuple[str, float]] = {}
-        self._expiry: deque[tuple[float, list[int]]] = deque()
-        self._window: deque[list[int]] = deque(maxlen=max(1, hot_window))
-        self._counts: Counter[int] = Counter()
-
-    def keys(self, token_ids: Sequence[int]) -> list[int]:
-        g = self.block_tokens
-        out: list[int] = []
-        parent = 0
-        for start in range(0, len(token_ids) - g + 1, g):
-            parent = hash((parent, tuple(token_ids[start : start + g])))
-            out.append(parent)
-        return out
-
-    def predicted(self, keys: Sequence[int], now: float) -> dict[str, int]:
-        """Worker -> tokens of the longest live predicted prefix routed there."""
-        best: dict[str, int] = {}
-        for i, key in enumerate(keys):
-            entry = self._predicted.get(key)
-            if entry is None or entry[1] <= now:
-                break
-            best[entry[0]] = (i + 1) * self.block_tokens
-        return best
-
-    def remember(self, keys: Sequence[int], worker_id: str, now: float) -> None:
-        expires = now + self.predict_ttl
-        entry = (worker_id, expires)
-        self._predicted.update(dict.fromkeys(keys, entry))
-        # One expiry record per request, not per key: expiry cost stays per request.
-        self._expiry.append((expires, list(keys)))
-
-    def expire(self, now: float) -> None:
-        while self._expiry and self._expiry[0][0] <= now:
-            expires, keys = self._expiry.popleft()
-            predicted = self._predicted
-            for key in keys:
-                entry = predicted.get(key)
-                if entry is not None and entry[1] == expires:
-                    del predicted[key]
-
-    @property
-    def predicted_entries(self) -> int:
-        return len(self._predicted)
-
-    def hot_tokens(self, keys: Sequence[int], fraction: float) -> int:
-        """Length of the longest prefix shared by ``fraction`` of the recent requests."""
-        n = len(self._window)
-        if n < self.hot_min_requests:
-            return 0
-        need = fraction * n
-        hot = 0
-        for i, key in enumerate(keys[: self.hot_max_blocks]):
-            if self._counts[key] < need:
-                break
-            hot = (i + 1) * self.block_tokens
-        return hot
-
-    def observe(self, keys: Sequence[int]) -> None:
-        if len(self._window) == self._window.maxlen:
-            for key in self._window[0]:
-                left = self._counts[key] - 1
-                if left:
-                    self._counts[key] = left
-                else:
-                    del self._counts[key]
-        head = list(keys[: self.hot_max_blocks])
-        self._window.append(head)
-        self._counts.update(head)
 
 
 class ScoreLike(Protocol):
@@ -296,6 +231,7 @@ class RoutingCore:
         self.clock = clock
         self.rng = random.Random(self.config.seed)
         self.inflight = InflightTable(self.config.inflight_ttl_s, self.config.prefill_tps)
+        self.speeds = SpeedEstimator(self.config.prefill_tps or 16_000.0)
         self.memory = PrefixMemory(
             self.config.prefix_block_tokens,
             self.config.predict_ttl_s,
@@ -328,8 +264,10 @@ class RoutingCore:
         policy: str | None = None,
         decode_tokens: int | None = None,
         now: float | None = None,
+        engines: Mapping[str, EngineStats] | None = None,
     ) -> Decision:
-        """Choose a worker among ``scores`` (non-empty) and count the request on it."""
+        """Choose a worker among ``scores`` (non-empty) and count the request on it
+        (``engines``: what the engines last reported about themselves, where known)."""
         if not scores:
             raise ValueError("no workers to route to")
         chooser = self.policy(policy)
@@ -344,6 +282,9 @@ class RoutingCore:
         predicted = self.memory.predicted(keys, now) if keys else {}
         hot = self.memory.hot_tokens(keys, weights.hot_fraction) if keys else 0
         cap = max(n - 1, 0)
+        engines = engines or {}
+        unknown = EngineStats()
+        speeds = self.speeds.relative([s.worker_id for s in scores])
         views = []
         for s in scores:
             load = self.inflight.load(s.worker_id, now)
@@ -357,13 +298,19 @@ class RoutingCore:
                     inflight=load.requests,
                     prefill_backlog=load.prefill_backlog,
                     inflight_decode=load.decode_tokens,
+                    inflight_tokens=load.tokens,
+                    speed=speeds[s.worker_id],
+                    engine=engines.get(s.worker_id, unknown),
                 )
             )
-        choice = chooser.choose(RouteInput(n, hot), views, weights, self.rng)
+        request = RouteInput(n, hot, self.config.prefix_block_tokens)
+        choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
         expected = max(chosen.hit_tokens, chosen.predicted_tokens)
         out_tokens = weights.expected_output_tokens if decode_tokens is None else decode_tokens
-        self.inflight.add(request_id, chosen.worker_id, now, float(n - expected), out_tokens)
+        self.inflight.add(
+            request_id, chosen.worker_id, now, float(n - expected), out_tokens, float(n)
+        )
         if keys:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
@@ -381,6 +328,18 @@ class RoutingCore:
             loads=choice.loads,
             costs=choice.costs,
         )
+
+    def first_token(self, request_id: str, now: float | None = None) -> bool:
+        """The engine streamed the request's first token: its prefill leaves the backlog
+        and the worker's speed estimate learns from it. False when it is unknown."""
+        now = self.clock() if now is None else now
+        item = self.inflight.get(request_id)
+        if item is None:
+            return False
+        if item.prefill_tokens > 0:
+            self.speeds.observe(item.worker_id, item.dispatched, now, item.prefill_tokens)
+        self.inflight.first_token(request_id)
+        return True
 
     def finish(self, request_id: str, now: float | None = None) -> bool:
         """Stop counting a request; False when it is unknown or already expired."""

@@ -53,6 +53,10 @@ def test_policy_registry() -> None:
         "round_robin",
         "least_loaded",
         "longest_prefix",
+        "dynamo",
+        "sglang",
+        "sglang_smg",
+        "llmd",
     }
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("fastest")

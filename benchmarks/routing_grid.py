@@ -1,0 +1,128 @@
+"""The routing grid: kv_aware vs the anchors, charged engine model, held-out splits.
+
+    .venv/bin/python benchmarks/routing_grid.py --out benchmarks/results/routing_grid.json
+    .venv/bin/python benchmarks/routing_grid.py --split tune --quick   # while tuning
+    .venv/bin/python benchmarks/routing_grid.py --plot benchmarks/results/routing_grid.json
+
+Cells: workload x N in {8, 16, 32} x cache {tight, generous} x load {0.5, 0.9}. Workloads:
+the Mooncake conversation trace (tune on its first 30%, report on the last 60%, time
+order) and two synthetic mixes (chat-only, agent+fan-out; tune on seed 1, report on seed
+2). Every cell runs every policy over the same requests (``kvroute bench routing``'s
+lock-step replay); the table and one plot per regime go to docs/routing.md / docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from router.bench.commands import build_parser, run_bench  # noqa: E402
+
+POLICIES = ("kv_aware", "dynamo", "sglang", "sglang_smg", "llmd", "round_robin")
+ANCHORS = ("dynamo", "sglang", "sglang_smg", "llmd")
+# name -> (bench arguments, tight blocks, generous blocks) per split
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "mooncake": {
+        "args": ["--block-size", "512"],
+        "tune": ["--slice", "0:0.3"],
+        "report": ["--slice", "0.4:1"],
+        "cache": {"tight": 1024, "generous": 8192},
+    },
+    "chat": {
+        "args": ["--synthetic", "1500", "--mix", "1,0,0", "--block-size", "64"],
+        "tune": ["--seed", "1"],
+        "report": ["--seed", "2"],
+        "cache": {"tight": 256, "generous": 2048},
+    },
+    "agent_fanout": {
+        "args": ["--synthetic", "1500", "--mix", "0,2,1", "--block-size", "64"],
+        "tune": ["--seed", "1"],
+        "report": ["--seed", "2"],
+        "cache": {"tight": 256, "generous": 2048},
+    },
+}
+
+
+def cell(
+    workload: str, n: int, cache: str, load: float, split: str, extra: list[str]
+) -> dict[str, Any]:
+    w = WORKLOADS[workload]
+    argv = ["routing", *w["args"], *w[split], "--engine-model", "charged"]
+    argv += ["--workers", str(n), "--gpu-blocks", str(w["cache"][cache])]
+    argv += ["--load", str(load), "--jobs", "1", *extra]
+    for p in POLICIES:
+        argv += ["--policy", p]
+    args = build_parser().parse_args(argv)
+    result = run_bench(args)
+    return {
+        "workload": workload,
+        "workers": n,
+        "cache": cache,
+        "load": load,
+        "split": split,
+        "argv": argv,
+        "bounds": result["bounds"],
+        "label": result["config"]["workload"],
+        "policies": result["policies"],
+        "wall_s": result["timings_s"]["wall_s"],
+    }
+
+
+def verdict(c: dict[str, Any]) -> dict[str, bool]:
+    """kv_aware at or ahead of every anchor on hit rate and TTFT p99 (p50 too)."""
+    k = c["policies"]["kv_aware"]
+    a = [c["policies"][x] for x in ANCHORS]
+    return {
+        "hit": all(k["hit_rate"] >= m["hit_rate"] for m in a),
+        "p99": all(k["ttft_p99_s"] <= m["ttft_p99_s"] for m in a),
+        "p50": all(k["ttft_p50_s"] <= m["ttft_p50_s"] for m in a),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--split", choices=("tune", "report"), default="report")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--workers", default="8,16,32")
+    ap.add_argument("--caches", default="tight,generous")
+    ap.add_argument("--loads", default="0.5,0.9")
+    ap.add_argument("--quick", action="store_true", help="N=8 only")
+    ap.add_argument("--extra", default="", help="extra bench arguments, space separated")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    workers = [8] if args.quick else [int(x) for x in args.workers.split(",")]
+    cells = []
+    for wl, n, cache, load in itertools.product(
+        args.workloads.split(","),
+        workers,
+        args.caches.split(","),
+        [float(x) for x in args.loads.split(",")],
+    ):
+        t0 = time.perf_counter()
+        c = cell(wl, n, cache, load, args.split, args.extra.split())
+        v = verdict(c)
+        cells.append(c)
+        k = c["policies"]["kv_aware"]
+        best = {x: c["policies"][x] for x in ANCHORS}
+        print(
+            f"{wl:12s} N={n:2d} {cache:8s} load={load:.1f} kv_aware hit {k['hit_rate']:.4f} "
+            f"p50 {k['ttft_p50_s']:.2f} p99 {k['ttft_p99_s']:.2f} imb {k['imbalance']:.2f} | "
+            + " ".join(f"{x} {m['hit_rate']:.4f}/{m['ttft_p99_s']:.2f}" for x, m in best.items())
+            + f" | {'OK' if all(v.values()) else v} ({time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
+        if args.out:
+            Path(args.out).write_text(json.dumps(cells, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""Tables and plots of the routing grid (benchmarks/routing_grid.py's JSON output).
+
+    .venv/bin/python benchmarks/routing_grid_report.py benchmarks/results/routing_grid_*.json
+
+Prints the markdown table docs/routing.md quotes and writes one PNG per regime (cache x
+load) to docs/routing_<cache>_<load>.png: hit rate and TTFT p99 against N per workload.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = ("kv_aware", "dynamo", "sglang", "sglang_smg", "llmd", "round_robin")
+ANCHORS = POLICIES[1:5]
+
+
+def load(paths: list[str]) -> list[dict[str, Any]]:
+    cells: list[dict[str, Any]] = []
+    for p in paths:
+        cells += json.loads(Path(p).read_text())
+    return cells
+
+
+def table(cells: list[dict[str, Any]]) -> str:
+    head = "| workload | N | cache | load | shared bound |"
+    head += "".join(f" {p} hit / p50 / p99 |" for p in POLICIES) + " kv_aware ahead? |"
+    lines = [head, "|" + "---|" * (6 + len(POLICIES))]
+    for c in cells:
+        pol = c["policies"]
+        k = pol["kv_aware"]
+        lag = []
+        for a in ANCHORS:
+            m = pol[a]
+            if m["hit_rate"] > k["hit_rate"]:
+                lag.append(f"hit<{a}")
+            if m["ttft_p99_s"] < k["ttft_p99_s"]:
+                lag.append(f"p99>{a}")
+        row = (
+            f"| {c['workload']} | {c['workers']} | {c['cache']} | {c['load']:g} "
+            f"| {c['bounds']['shared_cache']:.1%} |"
+        )
+        for p in POLICIES:
+            m = pol[p]
+            row += f" {m['hit_rate']:.1%} / {m['ttft_p50_s']:.2f} / {m['ttft_p99_s']:.2f} |"
+        row += " yes |" if not lag else f" {', '.join(lag)} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def plots(cells: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    workloads = list(dict.fromkeys(c["workload"] for c in cells))
+    for cache in ("tight", "generous"):
+        for load_ in sorted({c["load"] for c in cells}):
+            sel = [c for c in cells if c["cache"] == cache and c["load"] == load_]
+            if not sel:
+                continue
+            fig, axes = plt.subplots(2, len(workloads), figsize=(4.2 * len(workloads), 6.5))
+            axes = axes.reshape(2, len(workloads))
+            for j, wl in enumerate(workloads):
+                rows = sorted((c for c in sel if c["workload"] == wl), key=lambda c: c["workers"])
+                ns = [c["workers"] for c in rows]
+                for i, p in enumerate(POLICIES):
+                    style = {"lw": 2.5, "color": "k"} if p == "kv_aware" else {"color": f"C{i}"}
+                    axes[0, j].plot(ns, [100 * c["policies"][p]["hit_rate"] for c in rows],
+                                    marker="o", label=p, **style)  # fmt: skip
+                    axes[1, j].plot(ns, [c["policies"][p]["ttft_p99_s"] for c in rows],
+                                    marker="o", label=p, **style)  # fmt: skip
+                axes[0, j].set_title(wl)
+                axes[0, j].set_ylabel("hit rate (%)")
+                axes[1, j].set_ylabel("TTFT p99 (s)")
+                axes[1, j].set_yscale("log")
+                for ax in axes[:, j]:
+                    ax.set_xscale("log", base=2)
+                    ax.set_xticks(ns, [str(n) for n in ns])
+                    ax.set_xlabel("workers")
+            axes[0, 0].legend(fontsize=7)
+            fig.suptitle(f"charged engine model, {cache} cache, load {load_:g} (held-out data)")
+            fig.tight_layout()
+            path = out_dir / f"routing_{cache}_{load_:g}.png"
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+def main() -> int:
+    cells = load(sys.argv[1:])
+    print(table(cells))
+    for p in plots(cells, ROOT / "docs"):
+        print(f"wrote {p.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

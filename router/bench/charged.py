@@ -1,0 +1,323 @@
+"""The charged engine model: what a continuous-batching engine charges, step by step.
+
+``--engine-model charged`` replaces the simple model (one prefill at a time, free decode,
+blocks released at admission) with a vLLM-V1-style engine per worker:
+
+* steps of continuous batching under a token budget (``max_batched_tokens``) and a
+  sequence cap (``max_seqs``): running decodes first (one token each), then chunked
+  prefill of running prompts, then admission of waiting requests FCFS;
+* a request is admitted only when its new blocks fit (running requests *hold* their KV
+  blocks until they finish, so a hot worker's cache is under real pressure; its prefix
+  hit is whatever is cached at admission, not at routing);
+* step time = ``step_s`` + prefill tokens x ``prefill_token_s`` + chunk attention
+  (token x context) x ``attn_s`` + decode sequences x ``seq_s`` + decode context tokens
+  x ``kv_read_s``, divided by the worker's speed (heterogeneous fleets);
+* the router hears a request's first token (prefill over) and its finish, and learns each
+  worker's speed from them (``router.routing.speed``); nothing is given to it.
+
+Constants (defaults of :class:`ChargedModel`): a roofline of Llama-3.1-8B in BF16 on one
+H100 SXM, from public numbers only -- NVIDIA's H100 SXM datasheet (3.35 TB/s HBM3, 989
+dense BF16 TFLOPS) and the model's published config (32 layers, hidden 4096, 8 KV heads
+of 128 dims, 8.03 B parameters): weights 16.06 GB read once per step = 4.8 ms, plus 1 ms
+of scheduler/sampling overhead; prefill 2 x 8.03e9 FLOP per token at an assumed 40% MFU =
+40.6 us/token; causal attention 4 x 32 x 4096 FLOP per (token, context token) at 40% MFU
+= 1.33 ns; KV cache 2 x 32 x 8 x 128 x 2 B = 128 KiB per token read per decode step =
+39 ns/token; 20 us per running sequence. vLLM's defaults for the budget on an 80 GB GPU
+(max_num_batched_tokens 8192 for the OpenAI server, max_num_seqs 256). With blocks of 512
+tokens (64 MiB each) an H100 holds ~1000 blocks after the weights: the "tight" cache.
+Decode output tokens get no KV blocks of their own (they are <3% of the Mooncake
+trace's tokens) and there is no preemption: admission waits instead.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from offload_core.kv_cache import KVCacheManager, RequestPlan, RequestTooLargeError
+from offload_core.kv_cache import Request as EngineRequest
+from router.bench.sim import Fleet
+from router.bench.workloads import Request
+from router.routing.policy import EngineStats
+from schemas import KVEvent
+
+
+@dataclass(frozen=True, slots=True)
+class ChargedModel:
+    """Step-time constants of one engine at speed 1.0 (see the module docstring)."""
+
+    step_s: float = 0.0058
+    prefill_token_s: float = 4.06e-5
+    attn_s: float = 1.33e-9
+    kv_read_s: float = 3.9e-8
+    seq_s: float = 2.0e-5
+    max_batched_tokens: int = 8192
+    max_seqs: int = 256
+
+    @property
+    def prefill_tps(self) -> float:
+        return 1.0 / self.prefill_token_s
+
+
+@dataclass(slots=True)
+class _Seq:
+    rid: str
+    arrival: float
+    n: int
+    done: int
+    out_left: int
+    out: int
+    plan: RequestPlan
+    first_token: float = 0.0
+
+
+@dataclass(slots=True)
+class _Waiting:
+    rid: str
+    arrival: float
+    prepared: EngineRequest
+    out: int
+
+
+@dataclass(slots=True)
+class EngineNotes:
+    """What one engine did since the last call, time-stamped."""
+
+    events: list[tuple[float, list[KVEvent]]] = field(default_factory=list)
+    admitted: list[tuple[str, int]] = field(default_factory=list)  # (rid, hit tokens)
+    rejected: list[str] = field(default_factory=list)
+    first_tokens: list[tuple[float, str, float]] = field(default_factory=list)  # t, rid, ttft
+    finished: list[tuple[float, str, float]] = field(default_factory=list)  # t, rid, tpot
+
+
+class ChargedEngine:
+    """One worker: a waiting queue, a running batch, a clock (when the next step starts)."""
+
+    def __init__(self, kv: KVCacheManager, model: ChargedModel, speed: float = 1.0) -> None:
+        self.kv = kv
+        self.m = model
+        self.speed = speed
+        self.waiting: deque[_Waiting] = deque()
+        self.running: list[_Seq] = []
+        self.clock = 0.0
+        self.steps = 0
+
+    def submit(self, rid: str, arrival: float, prepared: EngineRequest, out: int) -> None:
+        if not self.running and not self.waiting:
+            self.clock = max(self.clock, arrival)
+        self.waiting.append(_Waiting(rid, arrival, prepared, max(1, out)))
+
+    def stats(self) -> EngineStats:
+        pool = self.kv.pool
+        return EngineStats(
+            queue_depth=len(self.waiting),
+            kv_usage=1.0 - pool.num_free_blocks / pool.num_blocks,
+            cached_blocks=pool.num_cached_blocks,
+        )
+
+    def _admit(self, notes: EngineNotes, budget: int) -> list[tuple[_Seq, int]]:
+        chunks: list[tuple[_Seq, int]] = []
+        while self.waiting and budget > 0 and len(self.running) < self.m.max_seqs:
+            w = self.waiting[0]
+            try:
+                plan = self.kv.begin(w.prepared)
+            except RequestTooLargeError:
+                if self.running:
+                    break  # wait for blocks to be released
+                self.waiting.popleft()
+                notes.rejected.append(w.rid)
+                continue
+            self.waiting.popleft()
+            self.kv.allocate(plan)
+            self.kv.commit(plan)
+            notes.events.append((self.clock, self.kv.pool.take_events()))
+            n = len(w.prepared.token_ids)
+            hit = plan.hit.hit_tokens
+            notes.admitted.append((w.rid, hit))
+            seq = _Seq(w.rid, w.arrival, n, hit, w.out - 1, w.out, plan)
+            self.running.append(seq)
+            chunk = min(n - hit, budget)
+            budget -= chunk
+            chunks.append((seq, chunk))
+        return chunks
+
+    def run_until(self, until: float, notes: EngineNotes) -> None:
+        """Run every step that starts at or before ``until``."""
+        m = self.m
+        while (self.running or self.waiting) and self.clock <= until:
+            decode = [s for s in self.running if s.done >= s.n]
+            budget = m.max_batched_tokens - len(decode)
+            chunks: list[tuple[_Seq, int]] = []
+            for s in self.running:
+                if s.done < s.n and budget > 0:
+                    c = min(s.n - s.done, budget)
+                    budget -= c
+                    chunks.append((s, c))
+            chunks += self._admit(notes, budget)
+            ctx = sum(s.n + (s.out - 1 - s.out_left) for s in decode)
+            base = m.step_s + len(decode) * m.seq_s + ctx * m.kv_read_s
+            if not chunks:
+                if not decode:
+                    return  # only blocked waiters and nothing running cannot happen
+                self._fast_forward(decode, base, until, notes)
+                continue
+            prefill = sum(c for _, c in chunks)
+            attn = sum(c * (s.done + c / 2) for s, c in chunks)
+            dt = (base + prefill * m.prefill_token_s + attn * m.attn_s) / self.speed
+            self.clock += dt
+            self.steps += 1
+            end = self.clock
+            for s, c in chunks:
+                s.done += c
+                if s.done >= s.n:
+                    s.first_token = end
+                    notes.first_tokens.append((end, s.rid, end - s.arrival))
+            self._decode(decode, 1, end, notes)
+            self._retire(notes, end)
+
+    def _fast_forward(
+        self, decode: list[_Seq], base: float, until: float, notes: EngineNotes
+    ) -> None:
+        """Decode-only steps until the first finish or the first step after ``until``."""
+        k = len(decode)
+        a = base / self.speed
+        b = self.m.kv_read_s * k / self.speed  # each step reads k more context tokens
+        most = min(s.out_left for s in decode)
+
+        def start(j: int) -> float:
+            return self.clock + j * a + b * j * (j - 1) / 2
+
+        lo, hi = 1, most  # steps 0..lo-1 start <= until (step 0 does: clock <= until)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if start(mid - 1) <= until:
+                lo = mid
+            else:
+                hi = mid - 1
+        steps = lo
+        self.clock = start(steps)
+        self.steps += steps
+        self._decode(decode, steps, self.clock, notes)
+        self._retire(notes, self.clock)
+
+    @staticmethod
+    def _decode(decode: Sequence[_Seq], steps: int, end: float, notes: EngineNotes) -> None:
+        for s in decode:
+            s.out_left -= steps
+
+    def _retire(self, notes: EngineNotes, end: float) -> None:
+        keep: list[_Seq] = []
+        for s in self.running:
+            if s.done >= s.n and s.out_left <= 0 and s.first_token <= end:
+                self.kv.finish(s.plan)
+                tpot = (end - s.first_token) / max(s.out - 1, 1)
+                notes.finished.append((end, s.rid, tpot))
+            else:
+                keep.append(s)
+        self.running = keep
+
+
+class ChargedFleet(Fleet):
+    """A :class:`Fleet` whose workers are :class:`ChargedEngine` s."""
+
+    def __init__(
+        self,
+        policy: str,
+        *,
+        model: ChargedModel,
+        speeds: Sequence[float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(policy, **kwargs)
+        speeds = list(speeds or [])
+        self.sims = [
+            ChargedEngine(kv, model, speeds[i % len(speeds)] if speeds else 1.0)
+            for i, kv in enumerate(self.engines)
+        ]
+        self._notes: list[tuple[float, int, str, Any]] = []
+        self._pending: dict[str, tuple[int, int, int]] = {}  # rid -> (worker, n, estimate)
+        self.tpot: list[float] = []
+
+    def _push(self, t: float, kind: str, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._notes, (t, self._seq, kind, payload))
+
+    def _run(self, until: float) -> None:
+        for w, sim in enumerate(self.sims):
+            notes = EngineNotes()
+            sim.run_until(until, notes)
+            for t, events in notes.events:
+                self._push(t + self.event_delay_s, "events", (w, events))
+            for rid, hit in notes.admitted:
+                self._admitted(rid, hit)
+            for rid in notes.rejected:
+                self._rejected(rid, sim.clock)
+            for t, rid, ttft in notes.first_tokens:
+                self.stats.ttft.append(ttft)
+                self._push(t, "first", rid)
+            for t, rid, tpot in notes.finished:
+                self.tpot.append(tpot)
+                self._push(t, "finish", rid)
+
+    def _admitted(self, rid: str, truth: int) -> None:
+        _, _, est = self._pending.pop(rid)
+        s = self.stats
+        s.hit_tokens += truth
+        s.exact += est == truth
+        s.abs_err += abs(est - truth)
+        s.over += est > truth
+        s.under += est < truth
+
+    def _rejected(self, rid: str, t: float) -> None:
+        self._pending.pop(rid)
+        self.stats.rejected += 1
+        self._push(t, "finish", rid)
+
+    async def advance(self, now: float) -> None:
+        self._run(now)
+        while self._notes and self._notes[0][0] <= now:
+            t, _, kind, payload = heapq.heappop(self._notes)
+            if kind == "events":
+                await self._apply(payload[0], payload[1], t)
+            elif kind == "first":
+                self.core.first_token(payload, now=t)
+            else:
+                self.core.finish(payload, now=t)
+
+    async def step(
+        self, req: Request, prepared: EngineRequest, packed: Sequence[int] | None = None
+    ) -> None:
+        now = req.arrival
+        await self.advance(now)
+        tokens = req.token_ids if packed is None else packed
+        scores = await self.scorer.score_result(tokens, self.worker_ids)  # type: ignore[arg-type]
+        engines = {wid: sim.stats() for wid, sim in zip(self.worker_ids, self.sims, strict=True)}
+        decision = self.core.route(
+            req.request_id,
+            req.token_ids,
+            scores.workers,
+            policy=self.policy,
+            now=now,
+            decode_tokens=req.output_tokens,
+            engines=engines,
+        )
+        w = self.worker_ids.index(decision.worker_id)
+        n = len(req.token_ids)
+        s = self.stats
+        s.requests += 1
+        s.prompt_tokens += n
+        s.tokens_by_worker[w] += n
+        s.predicted_used += decision.predicted_tokens > decision.hit_tokens
+        self._pending[req.request_id] = (w, n, decision.hit_tokens)
+        self.sims[w].submit(req.request_id, now, prepared, req.output_tokens)
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        tpot = sorted(self.tpot)
+        out["tpot_mean_s"] = round(sum(tpot) / len(tpot), 5) if tpot else 0.0
+        out["unfinished"] = len(self._pending)
+        out["engine_steps"] = sum(sim.steps for sim in self.sims)
+        return out

@@ -1,0 +1,157 @@
+"""What every routing policy shares: weights, the per-worker view, and the base class.
+
+Split from :mod:`router.routing.policy` so that the anchor re-implementations
+(:mod:`router.routing.anchors`) and kvroute's own policies build on one base without an
+import cycle; :mod:`router.routing.policy` holds the registry of both.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_POLICY = "kv_aware"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyWeights:
+    """Weights of the ``kv_aware`` cost, in prompt-token units.
+
+    Defaults were tuned with ``kvroute bench routing`` on the Mooncake conversation trace
+    (8 workers, 1024 blocks of 512 tokens each;
+    docs/benchmarks.md#routing-on-the-mooncake-trace) and checked over
+    several tie-break seeds: a backlog token weighs 0.15 of a token this request must
+    prefill (work saved is saved for good, queueing behind a backlog is brief), and each
+    in-flight request 512 tokens (steady pressure that keeps totals balanced).
+    """
+
+    prefill: float = 1.0
+    backlog: float = 0.15
+    decode: float = 512.0
+    # Hits on a prefix that at least ``hot_fraction`` of recent requests share count
+    # ``hot_discount`` times: every worker will hold such a prefix soon, so it should not
+    # decide placement.
+    hot_fraction: float = 0.5
+    hot_discount: float = 0.0
+    # A worker whose load is above ``(1 + balance_slack) * mean + balance_floor`` loses
+    # its affinity: balance wins over cache reuse there. Loose by default (a safety net
+    # against runaway hot spots; it never fires on the Mooncake trace).
+    balance_slack: float = 0.5
+    balance_floor: float = 65_536.0
+    # Backlog beyond ``knee`` tokens weighs ``backlog_over`` more: short queues are
+    # brief and worth waiting for a cache hit; a long prompt in prefill holds every
+    # request behind it for seconds (chunked prefill serves it first) -- the TTFT tail.
+    knee: float = 16_384.0
+    backlog_over: float = 0.0
+    # Prefill of a token at context c costs ``1 + c / context_tokens`` tokens' worth
+    # (attention grows with the context; ~2 x params / (4 x layers x hidden), 30k for
+    # Llama-3.1-8B); 0 counts every token alike.
+    context_tokens: float = 0.0
+    # Decode tokens the router assumes per request when the caller does not say.
+    expected_output_tokens: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What an engine reports about itself (scraped metrics; the simulator's engines).
+
+    The anchors' load scorers read these (llm-d's queue and KV-utilization scorers,
+    SGLang's smallest-tree fallback); -1 means "not reported" and each reader falls back
+    to the router's own in-flight accounting.
+    """
+
+    queue_depth: int = -1
+    kv_usage: float = -1.0
+    cached_blocks: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """Everything a policy may look at for one worker."""
+
+    worker_id: str
+    hit_tokens: int = 0
+    hit_tokens_gpu: int = 0
+    score: float = 0.0
+    predicted_tokens: int = 0
+    inflight: int = 0
+    prefill_backlog: float = 0.0
+    inflight_decode: float = 0.0
+    # Prompt tokens of the requests in flight (their KV blocks: Dynamo's decode blocks).
+    inflight_tokens: float = 0.0
+    # The worker's prefill speed relative to the fleet's nominal one (learned; 1.0 until
+    # the router has observed it).
+    speed: float = 1.0
+    engine: EngineStats = field(default_factory=EngineStats)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInput:
+    request_tokens: int
+    hot_tokens: int = 0
+    # The engines' block size in tokens (hit step): the anchors count in blocks.
+    block_tokens: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    index: int
+    loads: list[float] = field(default_factory=list)
+    costs: list[float] = field(default_factory=list)
+
+
+def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
+    """Outstanding work on a worker, in prompt-token equivalents."""
+    return weights.backlog * view.prefill_backlog + weights.decode * view.inflight
+
+
+def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:
+    """Count hits inside the hot prefix ``discount`` times, the rest in full."""
+    if hot_tokens <= 0 or discount >= 1.0:
+        return affinity
+    hot = min(affinity, float(hot_tokens))
+    return (affinity - hot) + discount * hot
+
+
+def pick_min(values: Sequence[float], rng: random.Random, tolerance: float = 1e-9) -> int:
+    """Index of the smallest value; ties (within ``tolerance``) broken at random."""
+    best = min(values)
+    ties = [i for i, v in enumerate(values) if v <= best + tolerance]
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+class Policy:
+    """Chooses one of ``views`` (never empty) for a request.
+
+    Every policy reports the same per-worker loads; a policy says only how it costs a
+    worker (:meth:`costs`) and, where it is not "cheapest wins", how it picks
+    (:meth:`pick`).
+    """
+
+    name: str
+
+    def choose(
+        self,
+        request: RouteInput,
+        views: Sequence[WorkerView],
+        weights: PolicyWeights,
+        rng: random.Random,
+    ) -> Choice:
+        loads = [worker_load(v, weights) for v in views]
+        costs = self.costs(request, views, loads, weights)
+        return Choice(self.pick(views, costs, rng), loads, costs)
+
+    def costs(
+        self,
+        request: RouteInput,
+        views: Sequence[WorkerView],
+        loads: list[float],
+        weights: PolicyWeights,
+    ) -> list[float]:
+        """Cost of sending ``request`` to each worker; all zero for cost-blind policies."""
+        return [0.0] * len(views)
+
+    def pick(self, views: Sequence[WorkerView], costs: list[float], rng: random.Random) -> int:
+        """Index of the chosen worker: the cheapest, ties broken at random."""
+        return pick_min(costs, rng)
