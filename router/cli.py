@@ -1,21 +1,52 @@
 """The ``kvroute`` console script: a thin dispatcher.
 
-Each subcommand lives in its own module with a ``main(argv) -> int`` and is imported only
-when asked for, so ``kvroute serve`` never imports torch (only ``kvroute engine`` does).
+Each subcommand lives in its own module with a ``main(argv) -> int``, imported inside its
+dispatch function, so ``kvroute serve`` never imports torch (only ``kvroute engine`` does).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import sys
+from collections.abc import Callable
 
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("router.serve", "run the cache-aware router (REST API + event ingestion)"),
-    "engine": ("offload_core.engine_cli", "run a simulated engine worker that publishes KV events"),
-    "demo": ("router.ops.demo", "start engines + router, replay a workload, compare policies"),
-    "bench": ("router.bench", "benchmarks (e.g. `kvroute bench routing --trace FILE`)"),
-    "tail": ("router.ops.tail", "pretty-print a live vLLM-format KV event stream"),
+
+def _serve(argv: list[str]) -> int:
+    from router.serve import main as run
+
+    return run(argv)
+
+
+def _engine(argv: list[str]) -> int:
+    from offload_core.engine_cli import main as run  # torch: only here
+
+    return run(argv)
+
+
+def _demo(argv: list[str]) -> int:
+    from router.ops.demo import main as run
+
+    return run(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from router.bench import main as run
+
+    return run(argv)
+
+
+def _tail(argv: list[str]) -> int:
+    from router.ops.tail import main as run
+
+    return run(argv)
+
+
+SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "serve": (_serve, "run the cache-aware router (REST API + event ingestion)"),
+    "engine": (_engine, "run a simulated engine worker that publishes KV events"),
+    "demo": (_demo, "start engines + router, replay a workload, compare policies"),
+    "bench": (_bench, "benchmarks (e.g. `kvroute bench routing --trace FILE`)"),
+    "tail": (_tail, "pretty-print a live vLLM-format KV event stream"),
 }
 
 
@@ -50,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvroute: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     try:
-        module = importlib.import_module(SUBCOMMANDS[name][0])
+        return int(SUBCOMMANDS[name][0](rest) or 0)
     except ModuleNotFoundError as exc:
         needs, extra = EXTRAS.get(name, ((), ""))
         if exc.name is None or exc.name.partition(".")[0] not in needs:
@@ -61,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return int(module.main(rest) or 0)
 
 
 if __name__ == "__main__":
