@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -24,34 +24,21 @@ from pydantic_settings import (
 )
 
 from router.index.base import EngineSettings
+from router.score.scorer import DEFAULT_TIER_WEIGHTS
 from schemas.endpoints import parse_allow_list
-from schemas.rest import WORKER_ID_PATTERN, Endpoint, HttpEndpoint, ShortStr
+from schemas.rest import WorkerCreate
 
 ENV_PREFIX = "KVROUTE_"
-DEFAULT_TIER_WEIGHTS = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
 
 
-class WorkerSpec(BaseModel):
-    """A worker registered at start-up (``--worker`` / ``KVROUTE_WORKERS`` / config file)."""
+class WorkerSpec(WorkerCreate):
+    """A registered worker: the REST body's fields (one definition, ``WorkerCreate``),
+    plus what only the router sets. Start-up workers come from ``--worker`` /
+    ``KVROUTE_WORKERS`` / the config file, the others from ``POST /v1/workers`` or the
+    shared listener."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    worker_id: str = Field(pattern=WORKER_ID_PATTERN)
-    endpoint: Endpoint
-    replay_endpoint: Endpoint | None = None
-    topic: ShortStr = ""
-    model: ShortStr | None = None
-    http_endpoint: HttpEndpoint | None = None
-    # The engine's cache settings its events do not carry (see docs/vllm.md).
-    hash_block_size: int | None = Field(default=None, ge=1)
-    # Bind the SUB at ``endpoint`` and let the engine connect: vLLM connects its PUB for
-    # ``tcp://host:port`` and binds only for ``*``/``::``/ipc/inproc.
-    bind: bool = False
     # Created from a topic by the shared listener (``--listen``): fed by its socket.
     via_listener: bool = False
-    eagle: bool = False
-    partial_hash_hits: bool = False
-    report_full: bool = False
 
     def engine_settings(self) -> EngineSettings:
         return EngineSettings(
