@@ -10,11 +10,12 @@ normalised event by event on the slow path, which counts what it had to skip.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from schemas.counters import CounterSet
 from schemas.wire import (
     BLOCK_REMOVED_FIELDS,
     BLOCK_STORED_FIELDS,
@@ -32,7 +33,7 @@ class DecodeError(ValueError):
 
 
 @dataclass
-class DecodeStats:
+class DecodeStats(CounterSet):
     """Counters the slow path fills in; the router exports them as metrics."""
 
     batches: int = 0
@@ -41,13 +42,6 @@ class DecodeStats:
     unknown_event_types: int = 0
     unknown_fields: int = 0
     malformed_events: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def add(self, other: DecodeStats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 # Strict twins of the wire structs: identical fields (same order, so the same layout) and

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from schemas.counters import CounterSet
 
 
 @dataclass
-class IngestCounters:
+class IngestCounters(CounterSet):
     """Plain counters; the transport exports them as Prometheus metrics."""
 
     batches: int = 0
@@ -30,6 +32,3 @@ class IngestCounters:
     worker_clears: int = 0  # clear_worker calls (resyncs)
     batches_skipped: int = 0  # batches the index had applied already (seq guard)
     reannounced_blocks: int = 0  # kv_cache_report_mode "full" re-announcements (no copy)
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}

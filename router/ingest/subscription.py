@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 import zlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import zmq
@@ -48,6 +48,7 @@ from router.netutil import (
 )
 from router.ratelimited_log import RateLimitedLog
 from schemas import AllBlocksCleared, DecodeError, DecodeStats, KVEventBatch, decode_batch
+from schemas.counters import CounterSet
 
 if TYPE_CHECKING:
     from router.ingest.ingestor import Ingestor
@@ -67,7 +68,7 @@ _RESTART_MAX_S = 5.0
 
 
 @dataclass
-class WorkerCounters:
+class WorkerCounters(CounterSet):
     """Plain ints, read by the metrics collector and ``/v1/workers``."""
 
     batches: int = 0
@@ -83,9 +84,6 @@ class WorkerCounters:
     tail_checks: int = 0  # idle-time replay asks for frames lost at the tail
     replay_overflows: int = 0
     task_restarts: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class WorkerSubscription(RecoveryMixin):
