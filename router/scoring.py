@@ -21,10 +21,11 @@ which changes no answer but makes a worker's cost proportional to what it holds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import msgspec
+import numpy as np
 
 from offload_core.hit_rule import (
     group_max_hit,
@@ -38,10 +39,12 @@ from router.index.base import (
     GPU_BIT,
     STORAGE_BIT,
     BlockKey,
+    Columns,
     GroupMeta,
     IndexBackend,
     WorkerSnapshot,
 )
+from router.scoring_vec import tier_hits
 from router.store_placement import block_keys_at
 from schemas.rest import ScoreResponse
 
@@ -158,7 +161,33 @@ class Scorer:
 
         used = {bs: self._units.get(bs) or bs for bs in self._sizes}
         keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
-        snaps = await self.index.fetch(worker_ids, keys)
+        n = len(token_ids)
+        ids = list(dict.fromkeys(worker_ids))
+        cols = await self.index.fetch_columns(ids, keys)
+        if cols is None:
+            rows = await self._via_snapshots(ids, keys, used, keys_for, n)
+        else:
+            rows = self._via_columns(cols, ids, used, n)
+            rest = [w for w, r in zip(ids, rows, strict=True) if r is None]
+            if rest:  # EAGLE, unknown groups, another hash unit: the per-worker path
+                got = dict(
+                    zip(rest, await self._via_snapshots(rest, keys, used, keys_for, n), strict=True)
+                )
+                rows = [r if r is not None else got[w] for w, r in zip(ids, rows, strict=True)]
+        done = cast(list[WorkerRow], rows)
+        done.sort(key=_order)
+        return ScoreResult(n, done)
+
+    async def _via_snapshots(
+        self,
+        ids: list[str],
+        keys: dict[int, Sequence[BlockKey]],
+        used: dict[int, int],
+        keys_for: Callable[[int, int | None], list[BlockKey]],
+        n: int,
+    ) -> list[WorkerRow]:
+        """Rows of ``ids`` (in order) from per-worker snapshots (``fetch``)."""
+        snaps = await self.index.fetch(ids, keys)
         again: dict[int | None, list[str]] = {}
         for wid, snap in snaps.items():
             if snap is None:
@@ -174,11 +203,87 @@ class Scorer:
                 self._sizes.add(bs)
                 self._units[bs] = unit or bs
             snaps.update(await self.index.fetch(wids, {bs: keys_for(bs, unit) for bs in sizes}))
-        n = len(token_ids)
         memo: dict[object, Any] = {}
-        rows = [self._worker(wid, snaps.get(wid), n, memo) for wid in dict.fromkeys(worker_ids)]
-        rows.sort(key=_order)
-        return ScoreResult(n, rows)
+        return [self._worker(wid, snaps.get(wid), n, memo) for wid in ids]
+
+    def _via_columns(
+        self, cols: Columns, ids: list[str], used: dict[int, int], n: int
+    ) -> list[WorkerRow | None]:
+        """Rows of ``ids`` (in order) computed per group layout over all its workers at
+        once (``router.scoring_vec``); None for workers that need ``_via_snapshots``."""
+        out: list[WorkerRow | None] = []
+        layouts: dict[tuple[GroupMeta, ...], list[int]] = {}
+        for i, wid in enumerate(ids):
+            snap = cols.snaps.get(wid)
+            if snap is None or not snap.groups:
+                out.append(WorkerRow(wid, 0, 0, 0.0, False))
+                continue
+            out.append(None)
+            groups = snap.groups
+            metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
+            unit = snap.hash_unit
+            if (
+                len(metas) != len(groups)
+                or snap.settings.eagle
+                or any(
+                    used.get(m.block_size) != (unit or m.block_size)
+                    or (g, m.block_size) not in cols.matrices
+                    for g, m in enumerate(metas)
+                )
+            ):
+                continue
+            layouts.setdefault(metas, []).append(i)
+        weight = self._weight
+        exact = weight[GPU_BIT] == 1.0
+        for metas, members in layouts.items():
+            plan = self._plan(metas)
+            idx = [cols.slots[ids[i]] for i in members]
+            # workers x blocks, one matrix per group (rows contiguous: per-worker scans)
+            masks = [cols.matrices[(g, m.block_size)].T[idx] for g, m in enumerate(metas)]
+            hit, own = tier_hits(plan.specs, plan.step, [m != 0 for m in masks], n)
+            # Workers holding some block on no GPU: their GPU-only view differs.
+            other = np.zeros(len(idx), dtype=np.bool_)
+            for m in masks:
+                other |= ((m != 0) & ((m & GPU_BIT) == 0)).any(axis=1)
+            hit_gpu, own_gpu = hit, own
+            some = np.flatnonzero(other)
+            if some.size:
+                hit_gpu, own_gpu = hit.copy(), [o.copy() for o in own]
+                sub_hit, sub_own = tier_hits(
+                    plan.specs, plan.step, [(m[some] & GPU_BIT) != 0 for m in masks], n
+                )
+                hit_gpu[some] = sub_hit
+                for o, so in zip(own_gpu, sub_own, strict=True):
+                    o[some] = so
+            per = np.stack([*own, *own_gpu], axis=1).tolist()
+            slow = other.tolist()
+            group_rows: dict[tuple[int, ...], list[GroupRow]] = {}
+            g_n = len(metas)
+            for j, (i, h, hg, og) in enumerate(
+                zip(members, hit.tolist(), hit_gpu.tolist(), per, strict=True)
+            ):
+                if exact and not slow[j]:
+                    score = float(h)  # every block on a GPU: p * mean(1.0) = p
+                else:
+                    lists = [m[j].tobytes() for m in masks]
+                    score = round(max(self._weighted(h, plan, lists), hg * weight[GPU_BIT]), 3)
+                key = tuple(og)
+                rows = group_rows.get(key)
+                if rows is None:
+                    rows = group_rows[key] = [
+                        GroupRow(g, m.kind, m.block_size, True, og[g], og[g_n + g])
+                        for g, m in enumerate(metas)
+                    ]
+                out[i] = WorkerRow(ids[i], h, hg, score, True, list(rows))
+        return out
+
+    def _plan(self, metas: tuple[GroupMeta, ...]) -> _Plan:
+        plan = self._plans.get(metas)
+        if plan is None:
+            if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
+                self._plans.clear()
+            plan = self._plans[metas] = _Plan(metas)
+        return plan
 
     def _worker(
         self, worker_id: str, snap: WorkerSnapshot | None, n: int, memo: dict[object, Any]
@@ -222,11 +327,7 @@ class Scorer:
         eagle: int | None = None,
     ) -> _Result:
         """(hit_tokens, hit_tokens_gpu, per-group rows, score) for one pattern."""
-        plan = self._plans.get(metas)
-        if plan is None:
-            if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
-                self._plans.clear()
-            plan = self._plans[metas] = _Plan(metas)
+        plan = self._plan(metas)
         hit, own = _tier(plan, any_lists, n, memo, eagle)
         gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
         if gpu_lists == list(any_lists):

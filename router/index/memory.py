@@ -18,11 +18,15 @@ import sys
 from collections.abc import Sequence
 from itertools import repeat, takewhile
 
+import numpy as np
+from numpy.typing import NDArray
+
 from router.index.base import (
     BIT_MEDIA,
     ApplyResult,
     BlockKey,
     ClearOp,
+    Columns,
     EngineHash,
     GroupMeta,
     IndexBackend,
@@ -41,7 +45,17 @@ _INT_BYTES = sys.getsizeof(2**63)
 
 
 class _Worker:
-    __slots__ = ("copies", "counts", "entries", "ghosts", "maps", "plan", "slot", "state")
+    __slots__ = (
+        "copies",
+        "counts",
+        "entries",
+        "ghosts",
+        "maps",
+        "plan",
+        "slot",
+        "snap",
+        "state",
+    )
 
     def __init__(self, state: WorkerState, slot: int) -> None:
         self.slot = slot
@@ -61,6 +75,8 @@ class _Worker:
         # Full-attention groups first: their prefix bounds what the others need to read.
         order = sorted(state.groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
         self.plan = [(g, m.block_size, m.rule == "full") for g, m in order]
+        # Metadata for ``fetch_columns`` (masks stay empty): built once, shared.
+        self.snap = WorkerSnapshot(dict(state.groups), {}, state.hash_unit, state.settings)
 
 
 class MemoryIndex(IndexBackend):
@@ -328,3 +344,42 @@ class MemoryIndex(IndexBackend):
                     assert snap is not None
                     snap.masks[g] = got
         return out
+
+    def _matrix(self, g: int, keys: Sequence[BlockKey], full: bool) -> NDArray[np.uint8]:
+        """``_rows`` as a (keys x slots) array, zero-padded after a full-attention stop."""
+        ns = max(self._nslots, 1)
+        out = np.zeros((len(keys), ns), dtype=np.uint8)
+        t = self._tables.get(g)
+        if not t or not keys:
+            return out
+        if ns <= 8:  # every row fits one uint64: no per-key bytes object
+            vals = list(takewhile(bool, map(t.get, keys)) if full else map(t.get, keys, repeat(0)))
+            if vals:
+                words = np.array(vals, dtype="<u8").view(np.uint8).reshape(len(vals), 8)
+                out[: len(vals)] = words[:, :ns]
+            return out
+        rows = np.frombuffer(self._rows(g, keys, full), dtype=np.uint8)
+        out[: rows.size // ns] = rows.reshape(-1, ns)
+        return out
+
+    async def fetch_columns(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> Columns:
+        snaps: dict[str, WorkerSnapshot | None] = {}
+        slots: dict[str, int] = {}
+        full_only: dict[tuple[int, int], bool] = {}
+        workers = self._workers
+        for wid in worker_ids:
+            w = workers.get(wid)
+            if w is None:
+                snaps[wid] = None
+                continue
+            snaps[wid] = w.snap
+            slots[wid] = w.slot
+            for g, bs, is_full in w.plan:
+                if bs in keys_by_size:
+                    full_only[(g, bs)] = full_only.get((g, bs), True) and is_full
+        mats = {
+            (g, bs): self._matrix(g, keys_by_size[bs], full) for (g, bs), full in full_only.items()
+        }
+        return Columns(snaps, slots, mats)
