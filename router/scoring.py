@@ -22,7 +22,8 @@ which changes no answer but makes a worker's cost proportional to what it holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from operator import attrgetter
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -44,7 +45,7 @@ from router.index.base import (
     IndexBackend,
     WorkerSnapshot,
 )
-from router.scoring_vec import tier_hits
+from router.scoring_vec import tier_counts, tier_hits
 from router.store_placement import block_keys_at
 from schemas.rest import ScoreResponse
 
@@ -83,6 +84,10 @@ _encoder = msgspec.json.Encoder()
 _Result = tuple[int, int, list[GroupRow], float]
 # bytes.translate table: media bitmask -> GPU-only bitmask.
 _GPU_ONLY = bytes((m & GPU_BIT) for m in range(256))
+# bytes.translate table: media bitmask -> best tier (1 GPU, 2 CPU, 3 STORAGE, 0 none).
+_BEST_TIER = bytes(
+    1 if m & GPU_BIT else 2 if m & CPU_BIT else 3 if m & STORAGE_BIT else 0 for m in range(256)
+)
 
 
 def to_response(result: ScoreResult) -> ScoreResponse:
@@ -167,16 +172,14 @@ class Scorer:
         if cols is None:
             rows = await self._via_snapshots(ids, keys, used, keys_for, n)
         else:
-            rows = self._via_columns(cols, ids, used, n)
-            rest = [w for w, r in zip(ids, rows, strict=True) if r is None]
+            rows, rest = self._via_columns(cols, used, n)
             if rest:  # EAGLE, unknown groups, another hash unit: the per-worker path
-                got = dict(
-                    zip(rest, await self._via_snapshots(rest, keys, used, keys_for, n), strict=True)
-                )
-                rows = [r if r is not None else got[w] for w, r in zip(ids, rows, strict=True)]
-        done = cast(list[WorkerRow], rows)
-        done.sort(key=_order)
-        return ScoreResult(n, done)
+                rows += await self._via_snapshots(rest, keys, used, keys_for, n)
+        # Best first: score, then hit tokens, then worker id (stable sorts, keys in C).
+        rows.sort(key=_BY_ID)
+        rows.sort(key=_BY_HIT, reverse=True)
+        rows.sort(key=_BY_SCORE, reverse=True)
+        return ScoreResult(n, rows)
 
     async def _via_snapshots(
         self,
@@ -207,19 +210,20 @@ class Scorer:
         return [self._worker(wid, snaps.get(wid), n, memo) for wid in ids]
 
     def _via_columns(
-        self, cols: Columns, ids: list[str], used: dict[int, int], n: int
-    ) -> list[WorkerRow | None]:
-        """Rows of ``ids`` (in order) computed per group layout over all its workers at
-        once (``router.scoring_vec``); None for workers that need ``_via_snapshots``."""
-        out: list[WorkerRow | None] = []
-        layouts: dict[tuple[GroupMeta, ...], list[int]] = {}
-        for i, wid in enumerate(ids):
-            snap = cols.snaps.get(wid)
-            if snap is None or not snap.groups:
-                out.append(WorkerRow(wid, 0, 0, 0.0, False))
-                continue
-            out.append(None)
+        self, cols: Columns, used: dict[int, int], n: int
+    ) -> tuple[list[WorkerRow], list[str]]:
+        """Rows computed per cohort (workers with identical metadata) over all its
+        workers at once (``router.scoring_vec``), and the workers that need
+        ``_via_snapshots`` instead."""
+        out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in cols.unknown]
+        rest: list[str] = []
+        weight = self._weight
+        exact = weight[GPU_BIT] == 1.0
+        for snap, cohort in cols.cohorts:
             groups = snap.groups
+            if not groups:
+                out += [WorkerRow(w, 0, 0, 0.0, False) for w in cohort]
+                continue
             metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
             unit = snap.hash_unit
             if (
@@ -231,42 +235,54 @@ class Scorer:
                     for g, m in enumerate(metas)
                 )
             ):
+                rest += cohort
                 continue
-            layouts.setdefault(metas, []).append(i)
-        weight = self._weight
-        exact = weight[GPU_BIT] == 1.0
-        for metas, members in layouts.items():
             plan = self._plan(metas)
-            idx = [cols.slots[ids[i]] for i in members]
-            # workers x blocks, one matrix per group (rows contiguous: per-worker scans)
-            masks = [cols.matrices[(g, m.block_size)].T[idx] for g, m in enumerate(metas)]
-            hit, own = tier_hits(plan.specs, plan.step, [m != 0 for m in masks], n)
+            idx = [cols.slots[w] for w in cohort]
+            # blocks x workers, one matrix per group
+            whole = idx == list(range(len(idx))) and len(idx) == cols.width
+            masks = [
+                mat if whole else mat[:, idx]
+                for mat in (cols.matrices[(g, m.block_size)] for g, m in enumerate(metas))
+            ]
+            cached = [mat != 0 for mat in masks]
+            on_gpu = [(mat & GPU_BIT).view(np.bool_) for mat in masks]
+            hit, own = tier_hits(plan.specs, plan.step, cached, n)
             # Workers holding some block on no GPU: their GPU-only view differs.
             other = np.zeros(len(idx), dtype=np.bool_)
-            for m in masks:
-                other |= ((m != 0) & ((m & GPU_BIT) == 0)).any(axis=1)
+            for c, gpu in zip(cached, on_gpu, strict=True):
+                other |= (c > gpu).any(axis=0)
             hit_gpu, own_gpu = hit, own
             some = np.flatnonzero(other)
             if some.size:
                 hit_gpu, own_gpu = hit.copy(), [o.copy() for o in own]
                 sub_hit, sub_own = tier_hits(
-                    plan.specs, plan.step, [(m[some] & GPU_BIT) != 0 for m in masks], n
+                    plan.specs, plan.step, [gpu[:, some] for gpu in on_gpu], n
                 )
                 hit_gpu[some] = sub_hit
                 for o, so in zip(own_gpu, sub_own, strict=True):
                     o[some] = so
             per = np.stack([*own, *own_gpu], axis=1).tolist()
-            slow = other.tolist()
+            # Tier-weighted scores: p for hits held on GPUs throughout (weight 1.0),
+            # else from the needed blocks' counts per tier, as ``_weighted`` does.
+            scores = hit.astype(np.float64)
+            mixed = np.arange(len(idx)) if not exact else some
+            if mixed.size:
+                wg, wc, ws = (weight[GPU_BIT], weight[CPU_BIT], weight[STORAGE_BIT])
+                ng, nc, ns, cnt = tier_counts(plan.specs, [m[:, mixed] for m in masks], hit[mixed])
+                p = hit[mixed]
+                total = ng * wg + nc * wc + ns * ws
+                weighted = np.where(p > 0, p * total / np.maximum(cnt, 1), 0.0)
+                scores[mixed] = np.maximum(weighted, hit_gpu[mixed] * wg)
+            score_list = scores.tolist()
+            for j in mixed.tolist():  # integral scores need no rounding
+                score_list[j] = round(score_list[j], 3)
             group_rows: dict[tuple[int, ...], list[GroupRow]] = {}
             g_n = len(metas)
-            for j, (i, h, hg, og) in enumerate(
-                zip(members, hit.tolist(), hit_gpu.tolist(), per, strict=True)
+            append = out.append
+            for wid, h, hg, og, score in zip(
+                cohort, hit.tolist(), hit_gpu.tolist(), per, score_list, strict=True
             ):
-                if exact and not slow[j]:
-                    score = float(h)  # every block on a GPU: p * mean(1.0) = p
-                else:
-                    lists = [m[j].tobytes() for m in masks]
-                    score = round(max(self._weighted(h, plan, lists), hg * weight[GPU_BIT]), 3)
                 key = tuple(og)
                 rows = group_rows.get(key)
                 if rows is None:
@@ -274,8 +290,8 @@ class Scorer:
                         GroupRow(g, m.kind, m.block_size, True, og[g], og[g_n + g])
                         for g, m in enumerate(metas)
                     ]
-                out[i] = WorkerRow(ids[i], h, hg, score, True, list(rows))
-        return out
+                append(WorkerRow(wid, h, hg, score, True, list(rows)))
+        return out, rest
 
     def _plan(self, metas: tuple[GroupMeta, ...]) -> _Plan:
         plan = self._plans.get(metas)
@@ -342,12 +358,15 @@ class Scorer:
         return hit, hit_gpu, rows, round(score, 3)
 
     def _weighted(self, p: int, plan: _Plan, lists: Sequence[bytes]) -> float:
-        """``p`` times the mean tier weight of every block the hit needs (see module doc)."""
+        """``p`` times the mean tier weight of every block the hit needs (see module doc).
+
+        The mean is taken from counts per best tier (``n_gpu * w_gpu + n_cpu * w_cpu +
+        n_storage * w_storage``): the same float operations whatever the block order,
+        so the all-workers path (``scoring_vec.tier_counts``) gives the identical float.
+        """
         if p <= 0:
             return 0.0
-        total = 0.0
-        count = 0
-        weight = self._weight
+        n_gpu = n_cpu = n_sto = count = 0
         for (bs, rule, window_blocks), lst in zip(plan.shapes, lists, strict=True):
             end = p // bs
             start = (
@@ -357,16 +376,13 @@ class Scorer:
                 if rule == "sliding"
                 else end - 1
             )
-            needed = lst[start:end]
-            k = len(needed)
-            w = weight[needed[0]] if k else 0.0
-            if k and w.is_integer() and needed.count(needed[0]) == k:
-                # One tier throughout (the usual case) with an integral weight: adding k
-                # copies of w is exact, so w * k is the very float the sum would give.
-                total += w * k
-            else:
-                total += sum(map(weight.__getitem__, needed))
-            count += k
+            tiers = lst[start:end].translate(_BEST_TIER)
+            n_gpu += tiers.count(1)
+            n_cpu += tiers.count(2)
+            n_sto += tiers.count(3)
+            count += end - start
+        w = self._weight
+        total = n_gpu * w[GPU_BIT] + n_cpu * w[CPU_BIT] + n_sto * w[STORAGE_BIT]
         return p * total / count if count else float(p)
 
 
@@ -441,6 +457,6 @@ def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
     return GroupRow(g, meta.kind, meta.block_size)
 
 
-def _order(row: WorkerRow) -> tuple[float, int, str]:
-    """Best first: score, then hit tokens, then worker id."""
-    return (-row.score, -row.hit_tokens, row.worker_id)
+_BY_ID = attrgetter("worker_id")
+_BY_HIT = attrgetter("hit_tokens")
+_BY_SCORE = attrgetter("score")

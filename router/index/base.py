@@ -176,14 +176,17 @@ class Columns:
     ``matrices[(g, bs)]`` is a uint8 array of (``len(keys_by_size[bs])`` x slots): the
     media bitmask of each request block in group ``g`` for each worker slot, zero for
     blocks no worker holds (a full-attention-only table may stop after the first such
-    block; zeros follow). ``slots[w]`` is worker ``w``'s column; ``snaps[w]`` carries its
-    metadata with empty ``masks`` (None: never seen). Why: the scorer then applies the
-    hit rule to all workers of one group layout at once (``router.scoring_vec``).
+    block; zeros follow). ``slots[w]`` is worker ``w``'s column. ``cohorts`` groups the
+    known workers by identical metadata (one snapshot with empty ``masks`` each);
+    ``unknown`` are the workers never seen. Why: the scorer then applies the hit rule to
+    all workers of a cohort at once (``router.scoring_vec``).
     """
 
-    snaps: dict[str, WorkerSnapshot | None]
+    cohorts: list[tuple[WorkerSnapshot, list[str]]]
+    unknown: list[str]
     slots: dict[str, int]
     matrices: dict[tuple[int, int], NDArray[np.uint8]]
+    width: int = 0  # slots: the matrices' second dimension
 
 
 class IndexBackend(ABC):

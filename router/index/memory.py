@@ -50,6 +50,7 @@ class _Worker:
         "counts",
         "entries",
         "ghosts",
+        "layout",
         "maps",
         "plan",
         "slot",
@@ -57,7 +58,7 @@ class _Worker:
         "state",
     )
 
-    def __init__(self, state: WorkerState, slot: int) -> None:
+    def __init__(self, state: WorkerState, slot: int, layout: int) -> None:
         self.slot = slot
         self.maps: dict[int, dict[EngineHash, BlockKey]] = {}
         # Per block size, mappings of blocks gone from every tier: [newer, older].
@@ -68,9 +69,10 @@ class _Worker:
         # and an entry stays hittable until its last copy is removed. Only keys with
         # more than one copy are here, so the usual single copy costs nothing.
         self.copies: dict[tuple[int, int, BlockKey], int] = {}
-        self.set_state(state)
+        self.set_state(state, layout)
 
-    def set_state(self, state: WorkerState) -> None:
+    def set_state(self, state: WorkerState, layout: int) -> None:
+        self.layout = layout  # workers with equal metadata share it (one cohort)
         self.state = state.copy()
         # Full-attention groups first: their prefix bounds what the others need to read.
         order = sorted(state.groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
@@ -90,6 +92,7 @@ class MemoryIndex(IndexBackend):
         self._tables: dict[int, dict[BlockKey, int]] = {}
         self._free: list[int] = []
         self._nslots = 0
+        self._layouts: dict[tuple[object, ...], int] = {}
 
     async def ping(self) -> bool:
         return True
@@ -131,11 +134,19 @@ class MemoryIndex(IndexBackend):
             else:
                 slot = self._nslots
                 self._nslots += 1
-            w = self._workers[worker_id] = _Worker(state, slot)
+            w = self._workers[worker_id] = _Worker(state, slot, self._layout(state))
         return w
 
+    def _layout(self, state: WorkerState) -> int:
+        """A small int per distinct (groups, hash unit, settings): what scoring reads."""
+        key = (tuple(sorted(state.groups.items())), state.hash_unit, state.settings)
+        got = self._layouts.get(key)
+        if got is None:
+            got = self._layouts[key] = len(self._layouts)
+        return got
+
     async def save_worker(self, worker_id: str, state: WorkerState) -> None:
-        self._worker(worker_id, state).set_state(state)
+        self._worker(worker_id, state).set_state(state, self._layout(state))
 
     async def known_workers(self) -> list[str]:
         return sorted(self._workers)
@@ -160,7 +171,8 @@ class MemoryIndex(IndexBackend):
     ) -> ApplyResult:
         w = self._worker(worker_id, WorkerState(dict(groups)))
         if w.state.groups != groups:
-            w.set_state(w.state.copy(groups))
+            state = w.state.copy(groups)
+            w.set_state(state, self._layout(state))
         copies = w.copies
         shift = 8 * w.slot
         own = 0xFF << shift
@@ -365,21 +377,25 @@ class MemoryIndex(IndexBackend):
     async def fetch_columns(
         self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
     ) -> Columns:
-        snaps: dict[str, WorkerSnapshot | None] = {}
+        cohorts: dict[int, tuple[WorkerSnapshot, list[str]]] = {}
+        unknown: list[str] = []
         slots: dict[str, int] = {}
         full_only: dict[tuple[int, int], bool] = {}
         workers = self._workers
         for wid in worker_ids:
             w = workers.get(wid)
             if w is None:
-                snaps[wid] = None
+                unknown.append(wid)
                 continue
-            snaps[wid] = w.snap
             slots[wid] = w.slot
-            for g, bs, is_full in w.plan:
-                if bs in keys_by_size:
-                    full_only[(g, bs)] = full_only.get((g, bs), True) and is_full
+            c = cohorts.get(w.layout)
+            if c is None:
+                c = cohorts[w.layout] = (w.snap, [])
+                for g, bs, is_full in w.plan:
+                    if bs in keys_by_size:
+                        full_only[(g, bs)] = full_only.get((g, bs), True) and is_full
+            c[1].append(wid)
         mats = {
             (g, bs): self._matrix(g, keys_by_size[bs], full) for (g, bs), full in full_only.items()
         }
-        return Columns(snaps, slots, mats)
+        return Columns(list(cohorts.values()), unknown, slots, mats, max(self._nslots, 1))
