@@ -50,6 +50,9 @@ from router.store_placement import block_keys_at
 from schemas.rest import ScoreResponse
 
 DEFAULT_TIER_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
+# Below this many workers the per-worker path is as fast (numpy's fixed cost per call
+# outweighs the per-worker Python it saves; measured in benchmarks/router_core.py).
+COLUMNS_MIN_WORKERS = 32
 
 
 # The result as msgspec Structs: the same fields, order and defaults as ``schemas.rest``'s
@@ -100,9 +103,17 @@ class Scorer:
     """Scores requests against an index; holds no per-request state."""
 
     def __init__(
-        self, index: IndexBackend, *, tier_weights: dict[str, float] | None = None
+        self,
+        index: IndexBackend,
+        *,
+        tier_weights: dict[str, float] | None = None,
+        columns: bool = True,
+        columns_min_workers: int = COLUMNS_MIN_WORKERS,
     ) -> None:
         self.index = index
+        # False: always the per-worker path (benchmarks compare the two in one run).
+        self.columns = columns
+        self.columns_min_workers = columns_min_workers
         self.tier_weights = {**DEFAULT_TIER_WEIGHTS, **(tier_weights or {})}
         w = self.tier_weights
         # Weight of a block by its media bitmask: the best tier holding it.
@@ -168,7 +179,8 @@ class Scorer:
         keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
         n = len(token_ids)
         ids = list(dict.fromkeys(worker_ids))
-        cols = await self.index.fetch_columns(ids, keys)
+        wide = self.columns and len(ids) >= self.columns_min_workers
+        cols = await self.index.fetch_columns(ids, keys) if wide else None
         if cols is None:
             rows = await self._via_snapshots(ids, keys, used, keys_for, n)
         else:
