@@ -45,7 +45,7 @@ from router.index.base import (
     IndexBackend,
     WorkerSnapshot,
 )
-from router.scoring_vec import tier_counts, tier_hits
+from router.scoring_vec import FEW, tier_counts, tier_hits
 from router.store_placement import block_keys_at
 from schemas.rest import ScoreResponse
 
@@ -279,7 +279,12 @@ class Scorer:
             # else from the needed blocks' counts per tier, as ``_weighted`` does.
             scores = hit.astype(np.float64)
             mixed = np.arange(len(idx)) if not exact else some
-            if mixed.size:
+            if 0 < mixed.size <= FEW:  # per worker: fewer calls than the bulk counts
+                for j in mixed.tolist():
+                    lists = [mat[:, j].tobytes() for mat in masks]
+                    h = int(hit[j])
+                    scores[j] = max(self._weighted(h, plan, lists), hit_gpu[j] * weight[GPU_BIT])
+            elif mixed.size:
                 wg, wc, ws = (weight[GPU_BIT], weight[CPU_BIT], weight[STORAGE_BIT])
                 ng, nc, ns, cnt = tier_counts(plan.specs, [m[:, mixed] for m in masks], hit[mixed])
                 p = hit[mixed]
