@@ -262,8 +262,9 @@ class Scorer:
             hit, own = tier_hits(plan.specs, plan.step, cached, n)
             # Workers holding some block on no GPU: their GPU-only view differs.
             other = np.zeros(len(idx), dtype=np.bool_)
-            for c, gpu in zip(cached, on_gpu, strict=True):
-                other |= (c > gpu).any(axis=0)
+            for c, gpu, mat in zip(cached, on_gpu, masks, strict=True):
+                if mat.max(initial=0) > GPU_BIT:  # some block is offloaded at all
+                    other |= (c > gpu).any(axis=0)
             hit_gpu, own_gpu = hit, own
             some = np.flatnonzero(other)
             if some.size:

@@ -364,14 +364,20 @@ class MemoryIndex(IndexBackend):
         t = self._tables.get(g)
         if not t or not keys:
             return out
-        if ns <= 8:  # every row fits one uint64: no per-key bytes object
-            vals = list(takewhile(bool, map(t.get, keys)) if full else map(t.get, keys, repeat(0)))
-            if vals:
-                words = np.array(vals, dtype="<u8").view(np.uint8).reshape(len(vals), 8)
-                out[: len(vals)] = words[:, :ns]
+        if full:  # stop at the first key no worker holds (a C-level search, no takewhile)
+            vals = list(map(t.get, keys))
+            if None in vals:
+                del vals[vals.index(None) :]
+        else:
+            vals = list(map(t.get, keys, repeat(0)))
+        if not vals:
             return out
-        rows = np.frombuffer(self._rows(g, keys, full), dtype=np.uint8)
-        out[: rows.size // ns] = rows.reshape(-1, ns)
+        if ns <= 8:  # every row fits one uint64: no per-key bytes object
+            words = np.array(vals, dtype="<u8").view(np.uint8).reshape(len(vals), 8)
+            out[: len(vals)] = words[:, :ns]
+            return out
+        raw = b"".join(map(int.to_bytes, vals, repeat(ns), repeat("little")))
+        out[: len(vals)] = np.frombuffer(raw, dtype=np.uint8).reshape(-1, ns)
         return out
 
     async def fetch_columns(
