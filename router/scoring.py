@@ -28,12 +28,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from offload_core.hit_rule import (
-    group_max_hit,
-    hit_step,
-    longest_hit,
-    max_candidate,
-)
 from router.hash_modes import request_keys
 from router.index.base import (
     CPU_BIT,
@@ -45,6 +39,7 @@ from router.index.base import (
     IndexBackend,
     WorkerSnapshot,
 )
+from router.scoring_rule import Plan, tier, truncate
 from router.scoring_vec import FEW, tier_counts, tier_hits
 from router.store_placement import block_keys_at
 from schemas.rest import ScoreResponse
@@ -131,7 +126,7 @@ class Scorer:
         # front so one fetch usually suffices.
         self._sizes: set[int] = set()
         self._units: dict[int, int] = {}
-        self._plans: dict[tuple[GroupMeta, ...], _Plan] = {}
+        self._plans: dict[tuple[GroupMeta, ...], Plan] = {}
 
     async def score(
         self,
@@ -311,12 +306,12 @@ class Scorer:
                 append(WorkerRow(wid, h, hg, score, True, list(rows)))
         return out, rest
 
-    def _plan(self, metas: tuple[GroupMeta, ...]) -> _Plan:
+    def _plan(self, metas: tuple[GroupMeta, ...]) -> Plan:
         plan = self._plans.get(metas)
         if plan is None:
             if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
                 self._plans.clear()
-            plan = self._plans[metas] = _Plan(metas)
+            plan = self._plans[metas] = Plan(metas)
         return plan
 
     def _worker(
@@ -362,12 +357,12 @@ class Scorer:
     ) -> _Result:
         """(hit_tokens, hit_tokens_gpu, per-group rows, score) for one pattern."""
         plan = self._plan(metas)
-        hit, own = _tier(plan, any_lists, n, memo, eagle)
+        hit, own = tier(plan, any_lists, n, memo, eagle)
         gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
         if gpu_lists == list(any_lists):
             hit_gpu, own_gpu = hit, own
         else:
-            hit_gpu, own_gpu = _tier(plan, _truncate(plan, gpu_lists), n, memo, eagle)
+            hit_gpu, own_gpu = tier(plan, truncate(plan, gpu_lists), n, memo, eagle)
         score = max(self._weighted(hit, plan, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
         rows = [
             GroupRow(g, m.kind, m.block_size, True, h, hg)
@@ -375,7 +370,7 @@ class Scorer:
         ]
         return hit, hit_gpu, rows, round(score, 3)
 
-    def _weighted(self, p: int, plan: _Plan, lists: Sequence[bytes]) -> float:
+    def _weighted(self, p: int, plan: Plan, lists: Sequence[bytes]) -> float:
         """``p`` times the mean tier weight of every block the hit needs (see module doc).
 
         The mean is taken from counts per best tier (``n_gpu * w_gpu + n_cpu * w_cpu +
@@ -402,71 +397,6 @@ class Scorer:
         w = self._weight
         total = n_gpu * w[GPU_BIT] + n_cpu * w[CPU_BIT] + n_sto * w[STORAGE_BIT]
         return p * total / count if count else float(p)
-
-
-class _Plan:
-    """What one group layout (a worker's tuple of ``GroupMeta``) needs, derived once per
-    scorer instead of once per worker and request: the specs, the hit step and each
-    group's (block size, rule, window blocks)."""
-
-    __slots__ = ("metas", "shapes", "specs", "step")
-
-    def __init__(self, metas: tuple[GroupMeta, ...]) -> None:
-        self.metas = metas
-        self.specs = [m.spec() for m in metas]
-        self.step = hit_step(self.specs)
-        self.shapes = [(s.block_size, s.rule, s.window_blocks) for s in self.specs]
-
-
-def _truncate(plan: _Plan, lists: list[bytes]) -> list[bytes]:
-    """Cut lists as ``WorkerSnapshot`` documents (exact for the rule, shorter scans):
-    full-attention lists at their first miss, the others after their last hit and at
-    the shortest full-attention prefix."""
-    bound: int | None = None
-    out = list(lists)
-    for i, ((bs, rule, _), lst) in enumerate(zip(plan.shapes, lists, strict=True)):
-        if rule == "full":
-            z = lst.find(0)
-            if z >= 0:
-                out[i] = lst[:z]
-            reach = len(out[i]) * bs
-            bound = reach if bound is None else min(bound, reach)
-    for i, ((bs, rule, _), lst) in enumerate(zip(plan.shapes, lists, strict=True)):
-        if rule != "full":
-            cut = lst if bound is None else lst[: bound // bs]
-            out[i] = cut.rstrip(b"\0")
-    return out
-
-
-def _tier(
-    plan: _Plan, lists: Sequence[bytes], n: int, memo: dict[object, Any], eagle: int | None = None
-) -> tuple[int, list[int]]:
-    """The joint hit and each group's own hit, for one tier.
-
-    Each group's own maximum (``group_max_hit``) bounds the joint answer, so
-    ``longest_hit`` starts its descent there: same answer, a much shorter scan. Group
-    maxima are memoised per request: workers and tiers often share one group's list.
-    """
-    step = plan.step
-    top = max_candidate(n, step)
-    own = []
-    for meta, spec, lst in zip(plan.metas, plan.specs, lists, strict=True):
-        limit = min(top, (len(lst) * meta.block_size // step) * step)
-        if limit <= 0:
-            own.append(0)
-            continue
-        key = (meta, lst, limit, step)  # GroupMeta hashes in C, GroupSpec in Python
-        got = memo.get(key)
-        if got is None:
-            got = memo[key] = group_max_hit(spec, lst, limit, step)
-        own.append(got)
-    if eagle is not None:  # the per-group maxima do not bound the EAGLE rule
-        hit = longest_hit(n, plan.specs, lists, eagle=True, hash_block_size=eagle or None)
-        return hit, own
-    bound = min(own)
-    if bound <= 0 or bound == max(own):
-        return max(bound, 0), own  # every group accepts ``bound``: it is the answer
-    return longest_hit(bound + 1, plan.specs, lists), own
 
 
 def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
