@@ -14,8 +14,12 @@
 * bytes per (worker, group, block) entry: memory with tracemalloc (what the index keeps,
   the engine hashes included), redis from ``INFO memory`` before/after.
 
-Targets (issue 4): >= 500k block events/s memory, >= 150k/s redis, score p99 <= 2 ms at
-64 workers. Run: ``python benchmarks/router_core.py [--json] [--quick]``.
+Memory scores run two scorers on the same index, queries alternating: the all-workers
+path (``Scorer``, ``router.score.vec``) and the per-worker path (``Scorer(columns=
+False)``, what every score used before issue 13); both must answer alike, and the ratio
+of their CPU p50s is printed. Targets (issue 13): score <= 0.3 ms p50 / 0.6 ms p99 at 64
+workers, <= 1 ms p99 at 256; >= 1.5M block events/s memory ingest, >= 300k/s redis.
+Run: ``python benchmarks/router_core.py [--json] [--quick] [--workers 16,64,256]``.
 """
 
 from __future__ import annotations
@@ -189,24 +193,33 @@ async def populate(
 
 
 async def bench_score(
-    index: IndexBackend, n_workers: int, scenario: str, queries: int
+    index: IndexBackend, n_workers: int, scenario: str, queries: int, peer: bool = False
 ) -> dict[str, Any]:
+    """Score latency; ``peer``: also the per-worker path (``Scorer(columns=False)``) on
+    the same index, queries alternating between the two (ratios from one run)."""
     prompts = await populate(index, n_workers, scenario)
-    scorer = Scorer(index)
+    scorers = {"score": Scorer(index)}
+    if peer:
+        scorers["per_worker"] = Scorer(index, columns=False)
     workers = [f"w{w}" for w in range(n_workers)]
     rng = random.Random(3)
-    await scorer.score(prompts[0], workers)  # warm: learns the block sizes
-    wall: list[float] = []
-    cpu: list[float] = []
+    for scorer in scorers.values():
+        await scorer.score(prompts[0], workers)  # warm: learns the block sizes
+    wall: dict[str, list[float]] = {k: [] for k in scorers}
+    cpu: dict[str, list[float]] = {k: [] for k in scorers}
     hits = 0
     gc.collect()
     for _ in range(queries):
         toks = rng.choice(prompts)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        res = await scorer.score_result(toks, workers)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.thread_time() - c0)
-        hits += sum(1 for w in res.workers if w.hit_tokens)
+        answers = []
+        for name, scorer in scorers.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            res = await scorer.score_result(toks, workers)
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.thread_time() - c0)
+            answers.append(res)
+        assert all(a == answers[0] for a in answers)  # both paths answer alike
+        hits += sum(1 for w in answers[0].workers if w.hit_tokens)
 
     def pct(xs: list[float], q: float) -> float:
         xs = sorted(xs)
@@ -214,15 +227,20 @@ async def bench_score(
 
     # Wall time is what a caller sees; this thread's CPU time is the same work without
     # the waits a shared machine adds (for redis it leaves out the server's share).
-    return {
+    out: dict[str, Any] = {
         "workers": n_workers,
         "scenario": scenario,
-        "p50_ms": pct(wall, 0.5),
-        "p99_ms": pct(wall, 0.99),
-        "cpu_p50_ms": pct(cpu, 0.5),
-        "cpu_p99_ms": pct(cpu, 0.99),
+        "p50_ms": pct(wall["score"], 0.5),
+        "p99_ms": pct(wall["score"], 0.99),
+        "cpu_p50_ms": pct(cpu["score"], 0.5),
+        "cpu_p99_ms": pct(cpu["score"], 0.99),
         "mean_workers_hit": round(hits / queries, 1),
     }
+    if peer:
+        out["per_worker_cpu_p50_ms"] = pct(cpu["per_worker"], 0.5)
+        out["per_worker_cpu_p99_ms"] = pct(cpu["per_worker"], 0.99)
+        out["speedup_p50"] = round(out["per_worker_cpu_p50_ms"] / out["cpu_p50_ms"], 2)
+    return out
 
 
 def start_redis() -> tuple[subprocess.Popen[bytes], str] | None:
@@ -265,12 +283,14 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
             await index.close()
     kinds = ["memory"] + (["redis"] if redis_url else [])
     for kind in kinds:
-        for n in (16, 64):
+        sizes = args.workers if kind == "memory" else args.redis_workers
+        for n in sizes:
             for scenario in ("typical", "all-hit"):
                 index = make_index(kind, redis_url)
                 if kind == "redis":
                     await index._r.flushall()  # type: ignore[attr-defined]
-                out = await bench_score(index, n, scenario, args.queries)
+                queries = args.queries if kind == "memory" else max(10, args.queries // 4)
+                out = await bench_score(index, n, scenario, queries, peer=kind == "memory")
                 res["score"].append({"backend": kind, **out})
                 await index.close()
     if redis_url:
@@ -280,11 +300,17 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
     return res
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-events", type=int, default=200_000)
     ap.add_argument("--capacity", type=int, default=8192, help="blocks per worker and group")
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--workers", type=_ints, default=[16, 64, 256], help="memory score sizes")
+    ap.add_argument("--redis-workers", type=_ints, default=[8, 64], help="redis score sizes")
     ap.add_argument("--redis-url", default=None, help="default: start a private redis-server")
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
@@ -324,6 +350,12 @@ def main(argv: list[str] | None = None) -> int:
             f"p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  "
             f"(cpu p50 {r['cpu_p50_ms']:.3f} p99 {r['cpu_p99_ms']:.3f})  "
             f"workers hit: {r['mean_workers_hit']}"
+            + (
+                f"  per-worker path cpu p50 {r['per_worker_cpu_p50_ms']:.3f} "
+                f"p99 {r['per_worker_cpu_p99_ms']:.3f} ({r['speedup_p50']}x)"
+                if "speedup_p50" in r
+                else ""
+            )
         )
     for kind, r in res["bytes_per_entry"].items():
         print(f"bytes  {kind:<6} {r['bytes_per_entry']} bytes/entry over {r['entries']:,} entries")

@@ -12,7 +12,8 @@ INDEX_KINDS = ("memory", "redis")
 
 
 def make_index(kind: str, redis_url: str | None = None, **opts: Any) -> IndexBackend:
-    """Build a backend by name; ``redis`` needs ``redis_url`` (e.g. ``redis://host:6379/0``)."""
+    """Build a backend by name; ``redis`` needs ``redis_url`` (e.g. ``redis://host:6379/0``,
+    or ``redis+cluster://host:port`` for a Redis Cluster, see docs/benchmarks.md)."""
     if kind == "memory":
         from router.index.memory import MemoryIndex
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
 from schemas.hit_rule import GroupSpec
 from schemas.wire import MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 # Media as bits of one small int per block: cheap to store, OR together and test.
 GPU_BIT = 1
@@ -184,6 +188,26 @@ class WorkerSnapshot:
     settings: EngineSettings = field(default_factory=EngineSettings)
 
 
+@dataclass
+class Columns:
+    """Every worker's membership for one request as matrices (``fetch_columns``).
+
+    ``matrices[(g, bs)]`` is a uint8 array of (``len(keys_by_size[bs])`` x slots): the
+    media bitmask of each request block in group ``g`` for each worker slot, zero for
+    blocks no worker holds (a full-attention-only table may stop after the first such
+    block; zeros follow). ``slots[w]`` is worker ``w``'s column. ``cohorts`` groups the
+    known workers by identical metadata (one snapshot with empty ``masks`` each);
+    ``unknown`` are the workers never seen. Why: the scorer then applies the hit rule to
+    all workers of a cohort at once (``router.score.vec``).
+    """
+
+    cohorts: list[tuple[WorkerSnapshot, list[str]]]
+    unknown: list[str]
+    slots: dict[str, int]
+    matrices: dict[tuple[int, int], NDArray[np.uint8]]
+    width: int = 0  # slots: the matrices' second dimension
+
+
 class IndexBackend(ABC):
     """Storage behind the router: entries, the engine-hash map and per-worker metadata.
 
@@ -283,3 +307,10 @@ class IndexBackend(ABC):
         ``keys_by_size[b]`` are the request's block keys for block size ``b``. A worker
         never seen maps to None.
         """
+
+    async def fetch_columns(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> Columns | None:
+        """``fetch`` as matrices, when the backend holds them that way (None: use
+        ``fetch``)."""
+        return None

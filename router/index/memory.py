@@ -18,11 +18,15 @@ import sys
 from collections.abc import Sequence
 from itertools import repeat, takewhile
 
+import numpy as np
+from numpy.typing import NDArray
+
 from router.index.base import (
     BIT_MEDIA,
     ApplyResult,
     BlockKey,
     ClearOp,
+    Columns,
     EngineHash,
     GroupMeta,
     IndexBackend,
@@ -47,14 +51,16 @@ class _Worker:
         "counts",
         "entries",
         "ghosts",
+        "layout",
         "maps",
         "plan",
         "seqs",
         "slot",
+        "snap",
         "state",
     )
 
-    def __init__(self, state: WorkerState, slot: int) -> None:
+    def __init__(self, state: WorkerState, slot: int, layout: int) -> None:
         self.slot = slot
         self.maps: dict[int, dict[EngineHash, BlockKey]] = {}
         # Per block size, mappings of blocks gone from every tier: [newer, older].
@@ -66,13 +72,16 @@ class _Worker:
         # more than one copy are here, so the usual single copy costs nothing.
         self.copies: dict[tuple[int, int, BlockKey], int] = {}
         self.seqs: dict[int, tuple[int, int]] = {}  # rank -> last applied (seq, print)
-        self.set_state(state)
+        self.set_state(state, layout)
 
-    def set_state(self, state: WorkerState) -> None:
+    def set_state(self, state: WorkerState, layout: int) -> None:
+        self.layout = layout  # workers with equal metadata share it (one cohort)
         self.state = state.copy()
         # Full-attention groups first: their prefix bounds what the others need to read.
         order = sorted(state.groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
         self.plan = [(g, m.block_size, m.rule == "full") for g, m in order]
+        # Metadata for ``fetch_columns`` (masks stay empty): built once, shared.
+        self.snap = WorkerSnapshot(dict(state.groups), {}, state.hash_unit, state.settings)
 
 
 class MemoryIndex(IndexBackend):
@@ -87,6 +96,7 @@ class MemoryIndex(IndexBackend):
         self._free: list[int] = []
         self._registrations: dict[str, bytes] = {}  # lives as long as this process
         self._nslots = 0
+        self._layouts: dict[tuple[object, ...], int] = {}
 
     async def ping(self) -> bool:
         return True
@@ -128,11 +138,19 @@ class MemoryIndex(IndexBackend):
             else:
                 slot = self._nslots
                 self._nslots += 1
-            w = self._workers[worker_id] = _Worker(state, slot)
+            w = self._workers[worker_id] = _Worker(state, slot, self._layout(state))
         return w
 
+    def _layout(self, state: WorkerState) -> int:
+        """A small int per distinct (groups, hash unit, settings): what scoring reads."""
+        key = (tuple(sorted(state.groups.items())), state.hash_unit, state.settings)
+        got = self._layouts.get(key)
+        if got is None:
+            got = self._layouts[key] = len(self._layouts)
+        return got
+
     async def save_worker(self, worker_id: str, state: WorkerState) -> None:
-        self._worker(worker_id, state).set_state(state)
+        self._worker(worker_id, state).set_state(state, self._layout(state))
 
     async def known_workers(self) -> list[str]:
         return sorted(self._workers)
@@ -162,7 +180,8 @@ class MemoryIndex(IndexBackend):
     ) -> ApplyResult:
         w = self._worker(worker_id, WorkerState(dict(groups)))
         if w.state.groups != groups:
-            w.set_state(w.state.copy(groups))
+            state = w.state.copy(groups)
+            w.set_state(state, self._layout(state))
         copies = w.copies
         shift = 8 * w.slot
         own = 0xFF << shift
@@ -371,3 +390,52 @@ class MemoryIndex(IndexBackend):
                     assert snap is not None
                     snap.masks[g] = got
         return out
+
+    def _matrix(self, g: int, keys: Sequence[BlockKey], full: bool) -> NDArray[np.uint8]:
+        """``_rows`` as a (keys x slots) array, zero-padded after a full-attention stop."""
+        ns = max(self._nslots, 1)
+        out = np.zeros((len(keys), ns), dtype=np.uint8)
+        t = self._tables.get(g)
+        if not t or not keys:
+            return out
+        if full:  # stop at the first key no worker holds (a C-level search, no takewhile)
+            vals = list(map(t.get, keys))
+            if None in vals:
+                del vals[vals.index(None) :]
+        else:
+            vals = list(map(t.get, keys, repeat(0)))
+        if not vals:
+            return out
+        if ns <= 8:  # every row fits one uint64: no per-key bytes object
+            words = np.array(vals, dtype="<u8").view(np.uint8).reshape(len(vals), 8)
+            out[: len(vals)] = words[:, :ns]
+            return out
+        raw = b"".join(map(int.to_bytes, vals, repeat(ns), repeat("little")))
+        out[: len(vals)] = np.frombuffer(raw, dtype=np.uint8).reshape(-1, ns)
+        return out
+
+    async def fetch_columns(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> Columns:
+        cohorts: dict[int, tuple[WorkerSnapshot, list[str]]] = {}
+        unknown: list[str] = []
+        slots: dict[str, int] = {}
+        full_only: dict[tuple[int, int], bool] = {}
+        workers = self._workers
+        for wid in worker_ids:
+            w = workers.get(wid)
+            if w is None:
+                unknown.append(wid)
+                continue
+            slots[wid] = w.slot
+            c = cohorts.get(w.layout)
+            if c is None:
+                c = cohorts[w.layout] = (w.snap, [])
+                for g, bs, is_full in w.plan:
+                    if bs in keys_by_size:
+                        full_only[(g, bs)] = full_only.get((g, bs), True) and is_full
+            c[1].append(wid)
+        mats = {
+            (g, bs): self._matrix(g, keys_by_size[bs], full) for (g, bs), full in full_only.items()
+        }
+        return Columns(list(cohorts.values()), unknown, slots, mats, max(self._nslots, 1))

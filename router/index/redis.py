@@ -1,8 +1,13 @@
 """The Redis index: shared by router replicas, survives router restarts.
 
 Why Lua: a batch is applied by one script call (one round trip, atomic, idempotent under
-retries) and a score fetches every worker's membership with one pipelined script call
-per worker (one round trip; cluster-ready because each call stays in its worker's slot).
+retries) and a score fetches every worker's membership with one script call per node
+(one round trip on a single server; on a cluster the calls to the nodes run
+concurrently). Cluster: ``redis+cluster://host:port`` (any node). Every key of a worker
+carries its hash tag ``{w:<id>}``, so ingest (``APPLY``) never crosses slots, and the
+score script reads the workers of one node with ``allow-cross-slot-keys`` (Redis >= 7).
+Balance: one slot per worker, so workers spread over the nodes like their ids' CRC16
+(a worker's entries all live on one node).
 Key layout: ``router.index.redis_lua``. Engine hash -> key lookups needed *before* a batch
 (parents of stores from earlier batches) go through a bounded local cache of mappings
 this process wrote or read (a removal evicts its hashes, since the server may drop their
@@ -13,6 +18,7 @@ Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,6 +26,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -51,6 +58,7 @@ WORKERS_KEY = NAMESPACE + "workers"
 REGISTRATIONS_KEY = NAMESPACE + "registrations"
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 _OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack limit
 
 
@@ -136,13 +144,19 @@ class RedisIndex(IndexBackend):
     ) -> None:
         self.url = url
         self._ghost_cap = ghost_entries
-        self._r = aioredis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), 1),
-            decode_responses=False,
-        )
+        # ``redis+cluster://host:port``: a Redis Cluster reached through any of its nodes.
+        self.cluster = url.startswith(CLUSTER_SCHEMES)
+        opts: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            "retry": Retry(NoBackoff(), 1),
+            "decode_responses": False,
+        }
+        self._r: Any
+        if self.cluster:
+            self._r = RedisCluster.from_url(url.replace("+cluster", "", 1), **opts)
+        else:
+            self._r = aioredis.Redis.from_url(url, **opts)
         self._sha: dict[str, str] = {}
         self._cache: dict[tuple[str, int], dict[EngineHash, BlockKey]] = {}
         self._cached = 0
@@ -217,7 +231,12 @@ class RedisIndex(IndexBackend):
             lens = await pipe.execute() if names else []
             entries = sum(c for n, c in zip(names, lens, strict=True) if ":g:" in n)
             map_entries = sum(c for n, c in zip(names, lens, strict=True) if ":e:" in n)
-            used = int((await self._r.info("memory"))["used_memory"])
+            opts = {"target_nodes": RedisCluster.PRIMARIES} if self.cluster else {}
+            info = await self._r.info("memory", **opts)
+            if "used_memory" in info:
+                used = int(info["used_memory"])
+            else:  # a cluster answers per node
+                used = sum(int(node["used_memory"]) for node in info.values())
             return entries, map_entries, used
 
         entries, map_entries, used = await self._call(collect)
@@ -243,7 +262,9 @@ class RedisIndex(IndexBackend):
         meta = worker_prefix(worker_id) + "meta"
 
         async def run() -> None:
-            pipe = self._r.pipeline(transaction=True)
+            # On a cluster the two keys live in different slots: no MULTI across them
+            # (the worker set is only read to list workers).
+            pipe = self._r.pipeline(transaction=not self.cluster)
             pipe.hset(meta, mapping={"state": blob, "plan": _plan(state.groups)})
             pipe.sadd(WORKERS_KEY, worker_id)
             await pipe.execute()
@@ -305,7 +326,8 @@ class RedisIndex(IndexBackend):
         async def run() -> list[Any]:
             pipe = self._r.pipeline(transaction=False)
             for prefix, args in calls:
-                pipe.evalsha(sha, 1, prefix + "keys", *args)
+                # execute_command: redis-py blocks the evalsha helper in cluster pipelines
+                pipe.execute_command("EVALSHA", sha, 1, prefix + "keys", *args)
             return await pipe.execute()
 
         try:
@@ -378,8 +400,8 @@ class RedisIndex(IndexBackend):
         await self.clear_worker(worker_id)
 
         async def run() -> None:
-            pipe = self._r.pipeline(transaction=True)
-            pipe.unlink(worker_prefix(worker_id) + "meta")
+            pipe = self._r.pipeline(transaction=not self.cluster)
+            pipe.execute_command("UNLINK", worker_prefix(worker_id) + "meta")  # cluster-safe
             pipe.srem(WORKERS_KEY, worker_id)
             await pipe.execute()
 
@@ -413,26 +435,39 @@ class RedisIndex(IndexBackend):
         ids = list(dict.fromkeys(worker_ids))
         if not ids:
             return {}
-        sha = await self._call(lambda: self._script_sha("FETCH"))
-
-        async def run() -> list[Any]:
-            pipe = self._r.pipeline(transaction=False)
+        # One script call per node: all workers on a single server, the workers whose
+        # slots a node serves on a cluster (calls to different nodes run concurrently).
+        parts: dict[str, tuple[Any, list[str]]] = {}
+        if self.cluster:
             for w in ids:
-                p = worker_prefix(w)
-                pipe.evalsha(sha, 1, p + "meta", p, *blobs)
-            return await pipe.execute()
+                node = self._r.get_node_from_key(worker_prefix(w) + "meta")
+                parts.setdefault(node.name, (node, []))[1].append(w)
+        else:
+            parts[""] = (None, ids)
 
+        async def call(sha: str, node: Any, ws: list[str]) -> list[Any]:
+            prefixes = [worker_prefix(w) for w in ws]
+            opts = {"target_nodes": node} if node is not None else {}
+            return await self._r.execute_command(  # type: ignore[no-any-return]
+                "EVALSHA", sha, 1, prefixes[0] + "meta", len(ws), *prefixes, *blobs, **opts
+            )
+
+        async def run(sha: str) -> list[list[Any]]:
+            return list(await asyncio.gather(*(call(sha, n, ws) for n, ws in parts.values())))
+
+        sha = await self._call(lambda: self._script_sha("FETCH"))
         try:
-            replies = await self._call(run)
+            got = await self._call(lambda: run(sha))
         except NoScriptError:  # Redis restarted or SCRIPT FLUSH: load it and ask once more
             sha = await self._call(lambda: self._script_sha("FETCH", reload=True))
-            replies = await self._call(run)
+            got = await self._call(lambda: run(sha))
         out: dict[str, WorkerSnapshot | None] = {}
-        for w, reply in zip(ids, replies, strict=True):
-            if reply is None:
-                out[w] = None
-                continue
-            st = _state_dec.decode(reply[0])
-            masks = {int(reply[i]): bytes(reply[i + 1]) for i in range(1, len(reply), 2)}
-            out[w] = WorkerSnapshot(dict(st.groups), masks, st.hash_unit, st.settings)
-        return out
+        for (_, ws), replies in zip(parts.values(), got, strict=True):
+            for w, reply in zip(ws, replies, strict=True):
+                if reply is None:
+                    out[w] = None
+                    continue
+                st = _state_dec.decode(reply[0])
+                masks = {int(reply[i]): bytes(reply[i + 1]) for i in range(1, len(reply), 2)}
+                out[w] = WorkerSnapshot(dict(st.groups), masks, st.hash_unit, st.settings)
+        return {w: out[w] for w in ids}

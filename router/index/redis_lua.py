@@ -1,4 +1,4 @@
-"""Server-side Lua for the Redis index: one script call per batch and per (worker, score).
+"""Server-side Lua for the Redis index: one script call per batch, one per score and node.
 
 Every key a script touches belongs to one worker and carries its hash tag
 (``kvroute:{w:<id>}:...``), so a script runs on one Redis Cluster slot. Scripts build
@@ -241,62 +241,80 @@ end
 return {stored, repeat_, removed, missing, skipped}
 """
 
-# KEYS[1] = P..'meta'. ARGV[1] = P, then pairs (block size, concatenated 8-byte keys).
-# Returns false for an unknown worker, else {state, g1, masks1, g2, masks2, ...} where
-# masks is one byte per block (the media mask), truncated as WorkerSnapshot documents;
-# groups whose block size was not sent are left out.
-FETCH = r"""
-local meta = KEYS[1]
-local P = ARGV[1]
-local state = redis.call('HGET', meta, 'state')
-if not state then return false end
-local plan = redis.call('HGET', meta, 'plan') or ''
-local blobs = {}
-for a = 2, #ARGV, 2 do blobs[ARGV[a]] = ARGV[a + 1] end
-local out = {state}
-local bound = -1
-local CH = 128
-for g, bs, full in string.gmatch(plan, '(-?%d+),(%d+),(%d)') do
-  local blob = blobs[bs]
-  if blob then
-    local size = tonumber(bs)
-    local n = #blob / 8
-    if full == '0' and bound >= 0 then n = math.min(n, math.floor(bound / size)) end
-    local G = P .. 'g:' .. g
-    local parts = {}
-    local last = 0
-    local start = 0
-    local stop = false
-    while start < n and not stop do
-      local cnt = math.min(CH, n - start)
-      local fields = {}
-      for j = 1, cnt do
-        local o = (start + j - 1) * 8
-        fields[j] = string.sub(blob, o + 1, o + 8)
-      end
-      local vals = redis.call('HMGET', G, unpack(fields))
-      for j = 1, cnt do
-        local m = vals[j]
-        if m then
-          parts[#parts + 1] = string.char(tonumber(m))
-          last = #parts
-        elseif full == '1' then
-          stop = true
-          break
-        else
-          parts[#parts + 1] = '\0'
+# One call for many workers (one round trip per score on one node; one per node on a
+# cluster). KEYS[1] = the first worker's P..'meta' (it routes the call), ARGV[1] = N,
+# ARGV[2..N+1] = the workers' prefixes P, then pairs (block size, concatenated 8-byte
+# keys). Returns one reply per worker: false for
+# an unknown worker, else {state, g1, masks1, g2, masks2, ...} where masks is one byte
+# per block (the media mask), truncated as WorkerSnapshot documents; groups whose block
+# size was not sent are left out. The key blobs are split once for all workers, and
+# HMGETs grow geometrically (32, 64, ... 512 fields) so a short full-attention prefix
+# stops early. ``allow-cross-slot-keys`` (Redis >= 7): on a cluster the workers of one
+# call live on one node but in different slots (one hash tag per worker); Redis still
+# wants the *declared* keys in one slot, hence one declared key and the rest built from
+# the prefixes. ``no-writes`` lets replicas serve it.
+FETCH = r"""#!lua flags=no-writes,allow-cross-slot-keys
+local N = tonumber(ARGV[1])
+local fields = {}
+for a = N + 2, #ARGV, 2 do
+  local blob = ARGV[a + 1]
+  local t = {}
+  for j = 0, #blob / 8 - 1 do t[j + 1] = string.sub(blob, j * 8 + 1, j * 8 + 8) end
+  fields[ARGV[a]] = t
+end
+local char = string.char
+local replies = {}
+for w = 1, N do
+  local P = ARGV[w + 1]
+  local meta = P .. 'meta'
+  local state = redis.call('HGET', meta, 'state')
+  if not state then
+    replies[w] = false
+  else
+    local plan = redis.call('HGET', meta, 'plan') or ''
+    local out = {state}
+    local bound = -1
+    for g, bs, full in string.gmatch(plan, '(-?%d+),(%d+),(%d)') do
+      local fs = fields[bs]
+      if fs then
+        local size = tonumber(bs)
+        local n = #fs
+        if full == '0' and bound >= 0 then n = math.min(n, math.floor(bound / size)) end
+        local G = P .. 'g:' .. g
+        local parts = {}
+        local last = 0
+        local start = 0
+        local chunk = 32
+        local stop = false
+        while start < n and not stop do
+          local cnt = math.min(chunk, n - start)
+          local vals = redis.call('HMGET', G, unpack(fs, start + 1, start + cnt))
+          for j = 1, cnt do
+            local m = vals[j]
+            if m then
+              parts[#parts + 1] = char(tonumber(m))
+              last = #parts
+            elseif full == '1' then
+              stop = true
+              break
+            else
+              parts[#parts + 1] = '\0'
+            end
+          end
+          start = start + cnt
+          if chunk < 512 then chunk = chunk * 2 end
         end
+        local masks = table.concat(parts, '', 1, last)
+        if full == '1' then
+          local reach = #masks * size
+          if bound < 0 or reach < bound then bound = reach end
+        end
+        out[#out + 1] = g
+        out[#out + 1] = masks
       end
-      start = start + cnt
     end
-    local masks = table.concat(parts, '', 1, last)
-    if full == '1' then
-      local reach = #masks * size
-      if bound < 0 or reach < bound then bound = reach end
-    end
-    out[#out + 1] = g
-    out[#out + 1] = masks
+    replies[w] = out
   end
 end
-return out
+return replies
 """

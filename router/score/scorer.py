@@ -21,31 +21,33 @@ which changes no answer but makes a worker's cost proportional to what it holds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from router.index.base import (
     CPU_BIT,
     GPU_BIT,
     STORAGE_BIT,
     BlockKey,
+    Columns,
     GroupMeta,
     IndexBackend,
     WorkerSnapshot,
 )
 from router.ingest.block_keys import request_keys
 from router.ingest.placement import block_keys_at
-from schemas.hit_rule import (
-    group_max_hit,
-    hit_step,
-    longest_hit,
-    max_candidate,
-)
+from router.score.rule import Plan, tier, truncate
+from router.score.vec import FEW, tier_counts, tier_hits
 from schemas.rest import ScoreResponse
 
 DEFAULT_TIER_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
+# Below this many workers the per-worker path is as fast (numpy's fixed cost per call
+# outweighs the per-worker Python it saves; measured in benchmarks/router_core.py).
+COLUMNS_MIN_WORKERS = 32
 
 
 # The result as msgspec Structs: the same fields, order and defaults as ``schemas.rest``'s
@@ -80,6 +82,10 @@ _encoder = msgspec.json.Encoder()
 _Result = tuple[int, int, list[GroupRow], float]
 # bytes.translate table: media bitmask -> GPU-only bitmask.
 _GPU_ONLY = bytes((m & GPU_BIT) for m in range(256))
+# bytes.translate table: media bitmask -> best tier (1 GPU, 2 CPU, 3 STORAGE, 0 none).
+_BEST_TIER = bytes(
+    1 if m & GPU_BIT else 2 if m & CPU_BIT else 3 if m & STORAGE_BIT else 0 for m in range(256)
+)
 
 
 def to_response(result: ScoreResult) -> ScoreResponse:
@@ -92,9 +98,17 @@ class Scorer:
     """Scores requests against an index; holds no per-request state."""
 
     def __init__(
-        self, index: IndexBackend, *, tier_weights: dict[str, float] | None = None
+        self,
+        index: IndexBackend,
+        *,
+        tier_weights: dict[str, float] | None = None,
+        columns: bool = True,
+        columns_min_workers: int = COLUMNS_MIN_WORKERS,
     ) -> None:
         self.index = index
+        # False: always the per-worker path (benchmarks compare the two in one run).
+        self.columns = columns
+        self.columns_min_workers = columns_min_workers
         self.tier_weights = {**DEFAULT_TIER_WEIGHTS, **(tier_weights or {})}
         w = self.tier_weights
         # Weight of a block by its media bitmask: the best tier holding it.
@@ -112,7 +126,7 @@ class Scorer:
         # front so one fetch usually suffices.
         self._sizes: set[int] = set()
         self._units: dict[int, int] = {}
-        self._plans: dict[tuple[GroupMeta, ...], _Plan] = {}
+        self._plans: dict[tuple[GroupMeta, ...], Plan] = {}
 
     async def score(
         self,
@@ -158,7 +172,32 @@ class Scorer:
 
         used = {bs: self._units.get(bs) or bs for bs in self._sizes}
         keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
-        snaps = await self.index.fetch(worker_ids, keys)
+        n = len(token_ids)
+        ids = list(dict.fromkeys(worker_ids))
+        wide = self.columns and len(ids) >= self.columns_min_workers
+        cols = await self.index.fetch_columns(ids, keys) if wide else None
+        if cols is None:
+            rows = await self._via_snapshots(ids, keys, used, keys_for, n)
+        else:
+            rows, rest = self._via_columns(cols, used, n)
+            if rest:  # EAGLE, unknown groups, another hash unit: the per-worker path
+                rows += await self._via_snapshots(rest, keys, used, keys_for, n)
+        # Best first: score, then hit tokens, then worker id (stable sorts, keys in C).
+        rows.sort(key=_BY_ID)
+        rows.sort(key=_BY_HIT, reverse=True)
+        rows.sort(key=_BY_SCORE, reverse=True)
+        return ScoreResult(n, rows)
+
+    async def _via_snapshots(
+        self,
+        ids: list[str],
+        keys: dict[int, Sequence[BlockKey]],
+        used: dict[int, int],
+        keys_for: Callable[[int, int | None], list[BlockKey]],
+        n: int,
+    ) -> list[WorkerRow]:
+        """Rows of ``ids`` (in order) from per-worker snapshots (``fetch``)."""
+        snaps = await self.index.fetch(ids, keys)
         again: dict[int | None, list[str]] = {}
         for wid, snap in snaps.items():
             if snap is None:
@@ -174,11 +213,106 @@ class Scorer:
                 self._sizes.add(bs)
                 self._units[bs] = unit or bs
             snaps.update(await self.index.fetch(wids, {bs: keys_for(bs, unit) for bs in sizes}))
-        n = len(token_ids)
         memo: dict[object, Any] = {}
-        rows = [self._worker(wid, snaps.get(wid), n, memo) for wid in dict.fromkeys(worker_ids)]
-        rows.sort(key=_order)
-        return ScoreResult(n, rows)
+        return [self._worker(wid, snaps.get(wid), n, memo) for wid in ids]
+
+    def _via_columns(
+        self, cols: Columns, used: dict[int, int], n: int
+    ) -> tuple[list[WorkerRow], list[str]]:
+        """Rows computed per cohort (workers with identical metadata) over all its
+        workers at once (``router.score.vec``), and the workers that need
+        ``_via_snapshots`` instead."""
+        out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in cols.unknown]
+        rest: list[str] = []
+        weight = self._weight
+        exact = weight[GPU_BIT] == 1.0
+        for snap, cohort in cols.cohorts:
+            groups = snap.groups
+            if not groups:
+                out += [WorkerRow(w, 0, 0, 0.0, False) for w in cohort]
+                continue
+            metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
+            unit = snap.hash_unit
+            if (
+                len(metas) != len(groups)
+                or snap.settings.eagle
+                or any(
+                    used.get(m.block_size) != (unit or m.block_size)
+                    or (g, m.block_size) not in cols.matrices
+                    for g, m in enumerate(metas)
+                )
+            ):
+                rest += cohort
+                continue
+            plan = self._plan(metas)
+            idx = [cols.slots[w] for w in cohort]
+            # blocks x workers, one matrix per group
+            whole = idx == list(range(len(idx))) and len(idx) == cols.width
+            masks = [
+                mat if whole else mat[:, idx]
+                for mat in (cols.matrices[(g, m.block_size)] for g, m in enumerate(metas))
+            ]
+            cached = [mat != 0 for mat in masks]
+            on_gpu = [(mat & GPU_BIT).view(np.bool_) for mat in masks]
+            hit, own = tier_hits(plan.specs, plan.step, cached, n)
+            # Workers holding some block on no GPU: their GPU-only view differs.
+            other = np.zeros(len(idx), dtype=np.bool_)
+            for c, gpu, mat in zip(cached, on_gpu, masks, strict=True):
+                if mat.max(initial=0) > GPU_BIT:  # some block is offloaded at all
+                    other |= (c > gpu).any(axis=0)
+            hit_gpu, own_gpu = hit, own
+            some = np.flatnonzero(other)
+            if some.size:
+                hit_gpu, own_gpu = hit.copy(), [o.copy() for o in own]
+                sub_hit, sub_own = tier_hits(
+                    plan.specs, plan.step, [gpu[:, some] for gpu in on_gpu], n
+                )
+                hit_gpu[some] = sub_hit
+                for o, so in zip(own_gpu, sub_own, strict=True):
+                    o[some] = so
+            per = np.stack([*own, *own_gpu], axis=1).tolist()
+            # Tier-weighted scores: p for hits held on GPUs throughout (weight 1.0),
+            # else from the needed blocks' counts per tier, as ``_weighted`` does.
+            scores = hit.astype(np.float64)
+            mixed = np.arange(len(idx)) if not exact else some
+            if 0 < mixed.size <= FEW:  # per worker: fewer calls than the bulk counts
+                for j in mixed.tolist():
+                    lists = [mat[:, j].tobytes() for mat in masks]
+                    h = int(hit[j])
+                    scores[j] = max(self._weighted(h, plan, lists), hit_gpu[j] * weight[GPU_BIT])
+            elif mixed.size:
+                wg, wc, ws = (weight[GPU_BIT], weight[CPU_BIT], weight[STORAGE_BIT])
+                ng, nc, ns, cnt = tier_counts(plan.specs, [m[:, mixed] for m in masks], hit[mixed])
+                p = hit[mixed]
+                total = ng * wg + nc * wc + ns * ws
+                weighted = np.where(p > 0, p * total / np.maximum(cnt, 1), 0.0)
+                scores[mixed] = np.maximum(weighted, hit_gpu[mixed] * wg)
+            score_list = scores.tolist()
+            for j in mixed.tolist():  # integral scores need no rounding
+                score_list[j] = round(score_list[j], 3)
+            group_rows: dict[tuple[int, ...], list[GroupRow]] = {}
+            g_n = len(metas)
+            append = out.append
+            for wid, h, hg, og, score in zip(
+                cohort, hit.tolist(), hit_gpu.tolist(), per, score_list, strict=True
+            ):
+                key = tuple(og)
+                rows = group_rows.get(key)
+                if rows is None:
+                    rows = group_rows[key] = [
+                        GroupRow(g, m.kind, m.block_size, True, og[g], og[g_n + g])
+                        for g, m in enumerate(metas)
+                    ]
+                append(WorkerRow(wid, h, hg, score, True, list(rows)))
+        return out, rest
+
+    def _plan(self, metas: tuple[GroupMeta, ...]) -> Plan:
+        plan = self._plans.get(metas)
+        if plan is None:
+            if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
+                self._plans.clear()
+            plan = self._plans[metas] = Plan(metas)
+        return plan
 
     def _worker(
         self, worker_id: str, snap: WorkerSnapshot | None, n: int, memo: dict[object, Any]
@@ -222,17 +356,13 @@ class Scorer:
         eagle: int | None = None,
     ) -> _Result:
         """(hit_tokens, hit_tokens_gpu, per-group rows, score) for one pattern."""
-        plan = self._plans.get(metas)
-        if plan is None:
-            if len(self._plans) >= 1024:  # group layouts are few; never grow unbounded
-                self._plans.clear()
-            plan = self._plans[metas] = _Plan(metas)
-        hit, own = _tier(plan, any_lists, n, memo, eagle)
+        plan = self._plan(metas)
+        hit, own = tier(plan, any_lists, n, memo, eagle)
         gpu_lists = [lst.translate(_GPU_ONLY) for lst in any_lists]
         if gpu_lists == list(any_lists):
             hit_gpu, own_gpu = hit, own
         else:
-            hit_gpu, own_gpu = _tier(plan, _truncate(plan, gpu_lists), n, memo, eagle)
+            hit_gpu, own_gpu = tier(plan, truncate(plan, gpu_lists), n, memo, eagle)
         score = max(self._weighted(hit, plan, any_lists), float(hit_gpu) * self._weight[GPU_BIT])
         rows = [
             GroupRow(g, m.kind, m.block_size, True, h, hg)
@@ -240,13 +370,16 @@ class Scorer:
         ]
         return hit, hit_gpu, rows, round(score, 3)
 
-    def _weighted(self, p: int, plan: _Plan, lists: Sequence[bytes]) -> float:
-        """``p`` times the mean tier weight of every block the hit needs (see module doc)."""
+    def _weighted(self, p: int, plan: Plan, lists: Sequence[bytes]) -> float:
+        """``p`` times the mean tier weight of every block the hit needs (see module doc).
+
+        The mean is taken from counts per best tier (``n_gpu * w_gpu + n_cpu * w_cpu +
+        n_storage * w_storage``): the same float operations whatever the block order,
+        so the all-workers path (``scoring_vec.tier_counts``) gives the identical float.
+        """
         if p <= 0:
             return 0.0
-        total = 0.0
-        count = 0
-        weight = self._weight
+        n_gpu = n_cpu = n_sto = count = 0
         for (bs, rule, window_blocks), lst in zip(plan.shapes, lists, strict=True):
             end = p // bs
             start = (
@@ -256,82 +389,14 @@ class Scorer:
                 if rule == "sliding"
                 else end - 1
             )
-            needed = lst[start:end]
-            k = len(needed)
-            w = weight[needed[0]] if k else 0.0
-            if k and w.is_integer() and needed.count(needed[0]) == k:
-                # One tier throughout (the usual case) with an integral weight: adding k
-                # copies of w is exact, so w * k is the very float the sum would give.
-                total += w * k
-            else:
-                total += sum(map(weight.__getitem__, needed))
-            count += k
+            tiers = lst[start:end].translate(_BEST_TIER)
+            n_gpu += tiers.count(1)
+            n_cpu += tiers.count(2)
+            n_sto += tiers.count(3)
+            count += end - start
+        w = self._weight
+        total = n_gpu * w[GPU_BIT] + n_cpu * w[CPU_BIT] + n_sto * w[STORAGE_BIT]
         return p * total / count if count else float(p)
-
-
-class _Plan:
-    """What one group layout (a worker's tuple of ``GroupMeta``) needs, derived once per
-    scorer instead of once per worker and request: the specs, the hit step and each
-    group's (block size, rule, window blocks)."""
-
-    __slots__ = ("metas", "shapes", "specs", "step")
-
-    def __init__(self, metas: tuple[GroupMeta, ...]) -> None:
-        self.metas = metas
-        self.specs = [m.spec() for m in metas]
-        self.step = hit_step(self.specs)
-        self.shapes = [(s.block_size, s.rule, s.window_blocks) for s in self.specs]
-
-
-def _truncate(plan: _Plan, lists: list[bytes]) -> list[bytes]:
-    """Cut lists as ``WorkerSnapshot`` documents (exact for the rule, shorter scans):
-    full-attention lists at their first miss, the others after their last hit and at
-    the shortest full-attention prefix."""
-    bound: int | None = None
-    out = list(lists)
-    for i, ((bs, rule, _), lst) in enumerate(zip(plan.shapes, lists, strict=True)):
-        if rule == "full":
-            z = lst.find(0)
-            if z >= 0:
-                out[i] = lst[:z]
-            reach = len(out[i]) * bs
-            bound = reach if bound is None else min(bound, reach)
-    for i, ((bs, rule, _), lst) in enumerate(zip(plan.shapes, lists, strict=True)):
-        if rule != "full":
-            cut = lst if bound is None else lst[: bound // bs]
-            out[i] = cut.rstrip(b"\0")
-    return out
-
-
-def _tier(
-    plan: _Plan, lists: Sequence[bytes], n: int, memo: dict[object, Any], eagle: int | None = None
-) -> tuple[int, list[int]]:
-    """The joint hit and each group's own hit, for one tier.
-
-    Each group's own maximum (``group_max_hit``) bounds the joint answer, so
-    ``longest_hit`` starts its descent there: same answer, a much shorter scan. Group
-    maxima are memoised per request: workers and tiers often share one group's list.
-    """
-    step = plan.step
-    top = max_candidate(n, step)
-    own = []
-    for meta, spec, lst in zip(plan.metas, plan.specs, lists, strict=True):
-        limit = min(top, (len(lst) * meta.block_size // step) * step)
-        if limit <= 0:
-            own.append(0)
-            continue
-        key = (meta, lst, limit, step)  # GroupMeta hashes in C, GroupSpec in Python
-        got = memo.get(key)
-        if got is None:
-            got = memo[key] = group_max_hit(spec, lst, limit, step)
-        own.append(got)
-    if eagle is not None:  # the per-group maxima do not bound the EAGLE rule
-        hit = longest_hit(n, plan.specs, lists, eagle=True, hash_block_size=eagle or None)
-        return hit, own
-    bound = min(own)
-    if bound <= 0 or bound == max(own):
-        return max(bound, 0), own  # every group accepts ``bound``: it is the answer
-    return longest_hit(bound + 1, plan.specs, lists), own
 
 
 def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
@@ -340,6 +405,6 @@ def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
     return GroupRow(g, meta.kind, meta.block_size)
 
 
-def _order(row: WorkerRow) -> tuple[float, int, str]:
-    """Best first: score, then hit tokens, then worker id."""
-    return (-row.score, -row.hit_tokens, row.worker_id)
+_BY_ID = attrgetter("worker_id")
+_BY_HIT = attrgetter("hit_tokens")
+_BY_SCORE = attrgetter("score")
