@@ -4,6 +4,7 @@ the demo, benchmarks and tests."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
 
 import zmq
@@ -72,13 +73,18 @@ def connect_endpoint(sock: zmq.Socket, endpoint: str) -> None:
         ) from None
 
 
+_MONITOR_IDS = itertools.count()
+
+
 def open_monitor(ctx: zmq.asyncio.Context, sub: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
     """A PAIR receiving ``sub``'s connect/disconnect events, opened in the order that
     cannot leak: our PAIR end first, then libzmq's. (pyzmq's ``get_monitor_socket`` does
     the reverse, leaving libzmq's end without a peer when ours cannot be opened - the
     context out of sockets - and disabling that monitor then blocks forever.)"""
     monitor = ctx.socket(zmq.PAIR)
-    addr = f"inproc://kvroute-monitor-{id(sub):x}"
+    # A fresh name each time: ``id(sub)`` can repeat once a socket is freed, while its
+    # inproc endpoint may still be bound (a worker removed and registered again at once).
+    addr = f"inproc://kvroute-monitor-{next(_MONITOR_IDS)}"
     try:
         sub.monitor(
             addr,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +55,8 @@ from schemas.rest import GroupInfo
 
 log = logging.getLogger(__name__)
 
+RECENT_RANGES = 64
+
 # (index of the batch's first event in a merged batch, DP rank, seq, payload crc32)
 SeqMark = tuple[int, int, int, int]
 
@@ -74,6 +77,9 @@ class Ingestor:
         self.default_block_size = default_block_size
         self.counters = metrics if metrics is not None else IngestCounters()
         self._states: dict[str, WorkerState] = {}
+        # Per worker, the token ranges of recent stores with their unit keys: where a
+        # parent no event named is found by its tokens (``KeyPlanner._locate``).
+        self._recent: dict[str, deque[tuple[Any, list[BlockKey], bytes]]] = {}
         self._warned: set[str] = set()
 
     # -- worker lifecycle -------------------------------------------------------------
@@ -117,6 +123,7 @@ class Ingestor:
     async def remove_worker(self, worker_id: str) -> None:
         """Entries, maps and metadata gone (``DELETE /v1/workers/{id}``)."""
         self._states.pop(worker_id, None)
+        self._recent.pop(worker_id, None)
         await self.index.remove_worker(worker_id)
 
     async def worker_groups(self, worker_id: str) -> dict[int, GroupInfo]:
@@ -331,12 +338,14 @@ class Ingestor:
         ops: list[Op] = []
         self._learn_unit(state, batch, ops, known)
         held = await self._resolve(worker_id, state, batch, known)
-        planner = KeyPlanner(state, batch, known, self.default_block_size)
+        recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
+        planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
         if state.settings.report_full:
             planner.find_reannouncements(
                 held, lambda ev: self._kind(state, ev) in FULL_KINDS, [m[0] for m in marks]
             )
         keyed = planner.run()
+        recent.extend((t, u, r) for t, u, r, here in planner.ranges if here)
 
         pending = list(reversed(marks))
         for i, ev in enumerate(batch.events):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from router.index.base import BlockKey, EngineHash, WorkerState
 from router.ingest.block_keys import (
@@ -54,12 +55,17 @@ class KeyPlanner:
         batch: KVEventBatch,
         known: dict[EngineHash, BlockKey],
         default_block_size: int | None = None,
+        recent: Sequence[tuple[Any, list[BlockKey], bytes]] | None = None,
     ) -> None:
         self.default_block_size = default_block_size
         self.unit = state.hash_unit
         self.check_algo = state.hash_mode == "unknown"
         self.events = batch.events
         self.known = known
+        # Token ranges whose unit keys were computed: (tokens, unit keys, root, this batch?)
+        self.ranges: list[tuple[Any, list[BlockKey], bytes, bool]] = [
+            (t, u, r, False) for t, u, r in (recent or ())
+        ]
         self.reannounced: set[tuple[int, ...]] = set()
         # Salts of chain starts in this batch: a sparse store that skipped block 0 does
         # not carry the salt its chain is rooted at, a dense store of the same step does.
@@ -132,11 +138,44 @@ class KeyPlanner:
                 dense.append(i)
         pending = self._fixpoint(dense, out)
         pending = self._fixpoint(pending + sparse, out)
+        while pending:  # parents no event names: find them by their tokens (see _locate)
+            located = [i for i in pending if self._locate(i, out)]
+            if not located:
+                break
+            pending = self._fixpoint([i for i in pending if i not in located], out)
         for i in pending:
             ev = self.events[i]
             assert isinstance(ev, BlockStored)
             out[i] = self._named_only(ev, unknown_parent=True)
         return out
+
+    def _locate(self, i: int, out: dict[int, Keyed]) -> bool:
+        """A parent no event names (a unit a sliding-window or mamba group skipped, or a
+        block offloaded from such a group) lies inside a token range another store
+        covered: this batch's or a recent one's, whose unit keys were all computed. Find
+        where this store's tokens continue such a range, take the unit key before that
+        point as the parent, and accept the keys only if every block the map already
+        names agrees (or the range is from this very batch and the match spans more than
+        one unit)."""
+        ev = self.events[i]
+        assert isinstance(ev, BlockStored)
+        unit, tokens = self.unit, ev.token_ids
+        if not unit or not tokens or ev.parent_block_hash is None:
+            return False
+        for r_tokens, r_units, _root, here in reversed(self.ranges):
+            span = len(r_units) * unit
+            for off in range(unit, span, unit):
+                m = min(len(tokens), span - off)
+                if m < unit or list(r_tokens[off : off + m]) != list(tokens[:m]):
+                    continue
+                named = any(h in self.known for h in ev.block_hashes)
+                if not (named or (here and m > unit)):
+                    continue
+                got = self._keys(ev, parent=key_bytes(r_units[off // unit - 1]))
+                if isinstance(got, Keyed) and got.hashes and not got.unplaced:
+                    out[i] = got
+                    return True
+        return False
 
     def block_size(self, ev: BlockStored) -> int | None:
         """The event's block size, or the configured default for an engine leaving it
@@ -176,7 +215,7 @@ class KeyPlanner:
             res.unresolved = missing
         return res
 
-    def _keys(self, ev: BlockStored) -> Keyed | object:
+    def _keys(self, ev: BlockStored, parent: bytes | None = None) -> Keyed | object:
         hashes = ev.block_hashes
         known = self.known
         if not ev.token_ids:
@@ -203,7 +242,9 @@ class KeyPlanner:
         res = Keyed(sparse=n < total)
         parent_hash = ev.parent_block_hash
         extra = split_extra_keys(ev.extra_keys, n, ev.lora_name)
-        if parent_hash is None:
+        if parent is not None:  # located by its tokens (``_locate``)
+            roots = [parent]
+        elif parent_hash is None:
             # vLLM carries the salt in extra_keys, SGLang as a field of the event.
             salt = extra.cache_salt if extra.cache_salt is not None else ev.cache_salt
             roots = [root_digest(extra.lora_name, salt)]
@@ -224,6 +265,7 @@ class KeyPlanner:
             got = place_sparse(hashes, block_keys, known) if res.sparse else block_keys
             if got is not None and _anchored(hashes, got, known):
                 keys = got
+                self.ranges.append((tokens, units, root, True))
                 break
         if keys is None:
             res.unplaced = n

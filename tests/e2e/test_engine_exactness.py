@@ -80,3 +80,34 @@ async def test_router_estimate_equals_engine_hit(
     finally:
         engine.shutdown()
         await h.index.close()
+
+
+async def test_hybrid_with_offload_and_decode_stays_exact() -> None:
+    """The demo's fleet shape (full 64 + sliding window 16, CPU tier) under the demo's
+    synthetic workload with decode: offloaded sliding-window blocks and decode-time stores
+    chain from units no event names; the router finds them by their tokens."""
+    from router.bench.workloads import SyntheticConfig, synthetic_workload
+
+    out = _Collect()
+    engine = SimEngine(
+        EngineConfig(worker_id="e", groups="full:64,swa:16:32", gpu_blocks=768, cpu_blocks=256),
+        out,
+    )
+    h = Harness.build(new_index("memory", None))
+    wrong = []
+    try:
+        for i, req in enumerate(synthetic_workload(SyntheticConfig(requests=300, seed=0))):
+            toks = list(req.token_ids)
+            predicted = (await h.score(toks, ["e"])).workers[0]
+            got = engine.serve(toks, max_tokens=min(req.output_tokens, 16))
+            if predicted.hit_tokens != got.cached_tokens:
+                wrong.append((i, predicted.hit_tokens, got.cached_tokens))
+            for batch in out.batches:
+                await h.ingestor.apply_batch("e", wire(*batch.events))
+            out.batches.clear()
+        assert wrong == []
+        c = h.ingestor.counters
+        assert (c.unknown_parent, c.unresolved_blocks, c.bad_events) == (0, 0, 0)
+    finally:
+        engine.shutdown()
+        await h.index.close()
