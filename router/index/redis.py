@@ -320,7 +320,13 @@ class RedisIndex(IndexBackend):
     async def apply_many(
         self, items: Sequence[tuple[str, dict[int, GroupMeta], Sequence[Op]]]
     ) -> list[ApplyResult]:
-        calls = [(worker_prefix(w), self._apply_args(w, groups, ops)) for w, groups, ops in items]
+        # Mappings enter the local cache only once Redis took the write (a failed write
+        # must not leave mappings Redis does not hold); dropping entries is always safe.
+        learned: list[tuple[str, int, dict[EngineHash, BlockKey]]] = []
+        calls = [
+            (worker_prefix(w), self._apply_args(w, groups, ops, learned))
+            for w, groups, ops in items
+        ]
         sha = await self._call(lambda: self._script_sha("APPLY"))
 
         async def run() -> list[Any]:
@@ -335,10 +341,16 @@ class RedisIndex(IndexBackend):
         except NoScriptError:  # Redis restarted or SCRIPT FLUSH: nothing ran, send again
             await self._call(lambda: self._script_sha("APPLY", reload=True))
             replies = await self._call(run)
+        for worker_id, bs, pairs in learned:
+            self._remember(worker_id, bs, pairs)
         return [ApplyResult(*(int(x) for x in got)) for got in replies]
 
     def _apply_args(
-        self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
+        self,
+        worker_id: str,
+        groups: dict[int, GroupMeta],
+        ops: Sequence[Op],
+        learned: list[tuple[str, int, dict[EngineHash, BlockKey]]],
     ) -> list[Any]:
         prefix = worker_prefix(worker_id)
         args: list[Any] = [prefix, self._ghost_cap]
@@ -354,7 +366,7 @@ class RedisIndex(IndexBackend):
             sibs = [g for g, m in groups.items() if g != op.group and m.block_size == bs]
             store = isinstance(op, StoreOp)
             if isinstance(op, StoreOp):
-                self._remember(worker_id, bs, dict(zip(op.hashes, op.keys, strict=True)))
+                learned.append((worker_id, bs, dict(zip(op.hashes, op.keys, strict=True))))
             else:  # the server may drop these map entries: ask it again when needed
                 self._unremember(worker_id, bs, op.hashes)
             tail = " ".join(map(str, (op.group, bs, op.medium_bit)))

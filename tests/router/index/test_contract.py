@@ -405,3 +405,22 @@ async def test_each_published_batch_is_applied_once(make_harness: Any, backend_k
     assert await first.index.load_seqs(W) == {}
     await first.ingestor.apply_batch(W, store, [(0, 0, 0, 11)])
     assert (await first.one(toks, W)).hit_tokens == 4 * BS
+
+
+async def test_a_failed_redis_write_leaves_no_mapping_in_the_local_cache(redis_url: str) -> None:
+    """The client-side resolve cache learns a mapping only once Redis took the write."""
+    import redis as redis_sync
+
+    from router.index.redis import worker_prefix
+
+    h = Harness.build(new_index("redis", redis_url))
+    src = EventSource()
+    toks = tokens(2 * BS + 1)
+    client = redis_sync.Redis.from_url(redis_url)
+    client.set(worker_prefix(W) + "keys", "not a set")  # the APPLY script fails: WRONGTYPE
+    with pytest.raises(redis_sync.exceptions.ResponseError):
+        await h.ingestor.apply_batch(W, wire(src.store(toks, BS, 0, 2)))
+    client.delete(worker_prefix(W) + "keys")
+    hashes = src.hashes(toks, BS)
+    assert await h.index.resolve(W, BS, hashes) == [None, None]
+    await h.index.close()
