@@ -23,8 +23,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from router.index.base import EngineSettings
-from router.score.scorer import DEFAULT_TIER_WEIGHTS
+from router.index.base import DEFAULT_TIER_WEIGHTS, EngineSettings
 from schemas.endpoints import parse_allow_list
 from schemas.rest import WorkerCreate
 

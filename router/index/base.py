@@ -37,6 +37,9 @@ MEDIUM_BITS: dict[str, int] = {
     MEDIUM_STORAGE: STORAGE_BIT,
 }
 BIT_MEDIA: tuple[tuple[int, str], ...] = tuple((b, m) for m, b in MEDIUM_BITS.items())
+# What a cached block is worth by the best tier holding it (a CPU block costs a load, a
+# STORAGE block a slower one); ``tier_weights`` in the settings overrides these.
+DEFAULT_TIER_WEIGHTS: dict[str, float] = {MEDIUM_GPU: 1.0, MEDIUM_CPU: 0.8, MEDIUM_STORAGE: 0.5}
 
 HASH_MODES = ("unknown", "engine", "canonical")
 

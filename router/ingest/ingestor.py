@@ -79,7 +79,7 @@ class Ingestor:
         self._states: dict[str, WorkerState] = {}
         # Per worker, the token ranges of recent stores with their unit keys: where a
         # parent no event named is found by its tokens (``KeyPlanner._locate``).
-        self._recent: dict[str, deque[tuple[Any, list[BlockKey], bytes]]] = {}
+        self._recent: dict[str, deque[tuple[Any, list[BlockKey]]]] = {}
         self._warned: set[str] = set()
 
     # -- worker lifecycle -------------------------------------------------------------
@@ -263,9 +263,8 @@ class Ingestor:
         state: WorkerState,
         batch: KVEventBatch,
         known: dict[EngineHash, BlockKey],
-    ) -> set[EngineHash]:
-        """Look up, in every map of the worker, the engine hashes the batch needs; return
-        ``_held_roots``."""
+    ) -> None:
+        """Look up, in every map of the worker, the engine hashes the batch needs."""
         wanted: set[EngineHash] = set()
         sizes = {m.block_size for m in state.groups.values()}
         for ev in batch.events:
@@ -291,9 +290,6 @@ class Ingestor:
             found = await self.index.resolve(worker_id, bs, todo)
             known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
             todo = [h for h, k in zip(todo, found, strict=True) if k is None]
-        if not state.settings.report_full:
-            return set()
-        return await self._held_roots(worker_id, state, batch)
 
     async def _held_roots(
         self, worker_id: str, state: WorkerState, batch: KVEventBatch
@@ -337,15 +333,16 @@ class Ingestor:
         before = (dict(state.groups), state.hash_mode, state.hash_unit)
         ops: list[Op] = []
         self._learn_unit(state, batch, ops, known)
-        held = await self._resolve(worker_id, state, batch, known)
+        await self._resolve(worker_id, state, batch, known)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
         if state.settings.report_full:
+            held = await self._held_roots(worker_id, state, batch)
             planner.find_reannouncements(
                 held, lambda ev: self._kind(state, ev) in FULL_KINDS, [m[0] for m in marks]
             )
         keyed = planner.run()
-        recent.extend((t, u, r) for t, u, r, here in planner.ranges if here)
+        recent.extend((t, u) for t, u, here in planner.ranges if here)
 
         pending = list(reversed(marks))
         for i, ev in enumerate(batch.events):

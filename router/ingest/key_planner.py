@@ -13,10 +13,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from router.index.base import BlockKey, EngineHash, WorkerState
 from router.ingest.block_keys import (
+    ExtraKeys,
     chain_keys,
     detect_engine_hash,
     key_bytes,
@@ -55,28 +57,31 @@ class KeyPlanner:
         batch: KVEventBatch,
         known: dict[EngineHash, BlockKey],
         default_block_size: int | None = None,
-        recent: Sequence[tuple[Any, list[BlockKey], bytes]] | None = None,
+        recent: Sequence[tuple[Any, list[BlockKey]]] | None = None,
     ) -> None:
         self.default_block_size = default_block_size
         self.unit = state.hash_unit
         self.check_algo = state.hash_mode == "unknown"
         self.events = batch.events
         self.known = known
-        # Token ranges whose unit keys were computed: (tokens, unit keys, root, this batch?)
-        self.ranges: list[tuple[Any, list[BlockKey], bytes, bool]] = [
-            (t, u, r, False) for t, u, r in (recent or ())
+        # Token ranges whose unit keys were computed: (tokens, unit keys, this batch?)
+        self.ranges: list[tuple[Any, list[BlockKey], bool]] = [
+            (t, u, False) for t, u in (recent or ())
         ]
         self.reannounced: set[tuple[int, ...]] = set()
-        # Salts of chain starts in this batch: a sparse store that skipped block 0 does
-        # not carry the salt its chain is rooted at, a dense store of the same step does.
-        self.salts: list[str | None] = []
+
+    @cached_property
+    def salts(self) -> list[str | None]:
+        """Salts of this batch's chain starts: a sparse store that skipped block 0 does not
+        carry the salt its chain is rooted at, a dense store of the same step does (read
+        only when such a sparse store is keyed)."""
+        salts: list[str | None] = []
         for ev in self.events:
             if isinstance(ev, BlockStored) and ev.parent_block_hash is None and ev.token_ids:
-                salt = split_extra_keys(ev.extra_keys, 1, ev.lora_name).cache_salt
-                if salt is None:
-                    salt = ev.cache_salt
-                if salt not in self.salts:
-                    self.salts.append(salt)
+                salt = _chain_salt(ev, split_extra_keys(ev.extra_keys, 1, ev.lora_name))
+                if salt not in salts:
+                    salts.append(salt)
+        return salts
 
     def find_reannouncements(
         self,
@@ -162,11 +167,11 @@ class KeyPlanner:
         unit, tokens = self.unit, ev.token_ids
         if not unit or not tokens or ev.parent_block_hash is None:
             return False
-        for r_tokens, r_units, _root, here in reversed(self.ranges):
+        for r_tokens, r_units, here in reversed(self.ranges):
             span = len(r_units) * unit
             for off in range(unit, span, unit):
                 m = min(len(tokens), span - off)
-                if m < unit or list(r_tokens[off : off + m]) != list(tokens[:m]):
+                if m < unit or r_tokens[off : off + m] != tokens[:m]:
                     continue
                 named = any(h in self.known for h in ev.block_hashes)
                 if not (named or (here and m > unit)):
@@ -245,9 +250,7 @@ class KeyPlanner:
         if parent is not None:  # located by its tokens (``_locate``)
             roots = [parent]
         elif parent_hash is None:
-            # vLLM carries the salt in extra_keys, SGLang as a field of the event.
-            salt = extra.cache_salt if extra.cache_salt is not None else ev.cache_salt
-            roots = [root_digest(extra.lora_name, salt)]
+            roots = [root_digest(extra.lora_name, _chain_salt(ev, extra))]
             if res.sparse:
                 roots += [root_digest(extra.lora_name, s) for s in self.salts]
         else:
@@ -265,7 +268,7 @@ class KeyPlanner:
             got = place_sparse(hashes, block_keys, known) if res.sparse else block_keys
             if got is not None and _anchored(hashes, got, known):
                 keys = got
-                self.ranges.append((tokens, units, root, True))
+                self.ranges.append((tokens, units, True))
                 break
         if keys is None:
             res.unplaced = n
@@ -282,6 +285,12 @@ class KeyPlanner:
                 res.algo_checked = "canonical"
                 self.check_algo = False
         return res
+
+
+def _chain_salt(ev: BlockStored, extra: ExtraKeys) -> str | None:
+    """The salt a chain start is rooted at: vLLM carries it in ``extra_keys``, SGLang as
+    a field of the event."""
+    return extra.cache_salt if extra.cache_salt is not None else ev.cache_salt
 
 
 def _anchored(

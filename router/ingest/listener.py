@@ -11,7 +11,6 @@ arrive through the shared socket instead of one of its own.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
@@ -120,9 +119,3 @@ class TopicListener:
             await sub.feed(frames)
         else:  # registered with its own socket too: its own loop ingests it
             self.unknown_topics += 1
-
-
-async def cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task

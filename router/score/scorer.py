@@ -30,6 +30,7 @@ import numpy as np
 
 from router.index.base import (
     CPU_BIT,
+    DEFAULT_TIER_WEIGHTS,
     GPU_BIT,
     STORAGE_BIT,
     BlockKey,
@@ -44,7 +45,6 @@ from router.score.rule import Plan, tier, truncate
 from router.score.vec import FEW, tier_counts, tier_hits
 from schemas.rest import ScoreResponse
 
-DEFAULT_TIER_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
 # Below this many workers the per-worker path is as fast (numpy's fixed cost per call
 # outweighs the per-worker Python it saves; measured in benchmarks/router_core.py).
 COLUMNS_MIN_WORKERS = 32
