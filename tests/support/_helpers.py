@@ -268,3 +268,19 @@ async def read_n(
             if len(out) == n:
                 break
     return out
+
+
+def chain(i: int) -> tuple[list[int], list[int]]:
+    """Chain ``i``: two blocks of 4 tokens with made-up engine hashes (canonical mode)."""
+    return [i * 10 + 1, i * 10 + 2], [i * 1000 + k for k in range(8)]
+
+
+def store_chain(i: int) -> BlockStored:
+    hashes, tokens = chain(i)
+    return stored(hashes, tokens, block_size=4)
+
+
+async def hits(svc: Any, worker_id: str, i: int) -> int:
+    """Tokens of chain ``i`` the worker holds (0, or 8 when both blocks are indexed)."""
+    resp = await svc.score([*chain(i)[1], 7], [worker_id])
+    return int(resp.workers[0].hit_tokens)

@@ -6,29 +6,11 @@ restart without persistence leaves), and a second router starts on the same Redi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 import redis
-from _helpers import FakeEngine, batch, stored, wait_until
+from _helpers import FakeEngine, batch, hits, store_chain, wait_until
 
 from router.config import RouterSettings, WorkerSpec
 from router.service import RouterService
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    eng = FakeEngine()
-    yield eng
-    await eng.close()
-
-
-def chain(i: int) -> tuple[list[int], list[int]]:
-    return [i * 10 + 1, i * 10 + 2], [i * 1000 + k for k in range(8)]
-
-
-async def hits(svc: RouterService, i: int) -> int:
-    return (await svc.score([*chain(i)[1], 7], ["w0"])).workers[0].hit_tokens
 
 
 def settings(url: str) -> RouterSettings:
@@ -42,10 +24,10 @@ async def test_lost_index_is_noticed_and_rebuilt(redis_url: str, engine: FakeEng
         await svc.add_worker(WorkerSpec(**engine.spec("w0")))
         await engine.wait_subscribed()
         for i in range(2):
-            await engine.publish(batch(stored(*chain(i))))
+            await engine.publish(batch(store_chain(i)))
 
         async def both() -> bool:
-            return [await hits(svc, i) for i in range(2)] == [8, 8]
+            return [await hits(svc, "w0", i) for i in range(2)] == [8, 8]
 
         await wait_until(both, what="both chains indexed")
         redis.Redis.from_url(redis_url).flushall()  # the content is gone
@@ -65,7 +47,7 @@ async def test_rest_registrations_survive_a_router_restart(
     try:
         await first.add_worker(WorkerSpec(**engine.spec("w0", hash_block_size=4)))
         await engine.wait_subscribed()
-        await engine.publish(batch(stored(*chain(0))))
+        await engine.publish(batch(store_chain(0)))
         await wait_until(lambda: first.subscriptions.get("w0").last_seq.get(0) == 0)  # type: ignore[union-attr]
     finally:
         await first.stop()
@@ -74,10 +56,10 @@ async def test_rest_registrations_survive_a_router_restart(
     try:
         assert second.worker_ids() == ["w0"]
         assert second.worker_spec("w0").hash_block_size == 4
-        await engine.publish(batch(stored(*chain(1))))
+        await engine.publish(batch(store_chain(1)))
 
         async def resumed() -> bool:
-            return [await hits(second, i) for i in range(2)] == [8, 8]
+            return [await hits(second, "w0", i) for i in range(2)] == [8, 8]
 
         await wait_until(resumed, what="the restarted router resumes from the index")
         sub = second.subscriptions.get("w0")

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
-from _helpers import FakeEngine, batch, removed, stored, wait_until
+from _helpers import FakeEngine, batch, chain, hits, removed, store_chain, wait_until
 
 from router.config import RouterSettings, WorkerSpec
 from router.ingest.sequencing import SeqTracker, Verdict
@@ -24,36 +24,12 @@ from router.service import RouterService
 BS = 4
 
 
-def chain(i: int) -> tuple[list[int], list[int]]:
-    """Chain ``i``: two blocks of 4 tokens with made-up engine hashes (canonical mode)."""
-    return [i * 10 + 1, i * 10 + 2], [i * 1000 + k for k in range(2 * BS)]
-
-
-def store_chain(i: int) -> Any:
-    hashes, tokens = chain(i)
-    return stored(hashes, tokens, block_size=BS)
-
-
-async def hits(svc: RouterService, worker_id: str, i: int) -> int:
-    """Tokens of chain ``i`` the worker holds (0, or 8 when both blocks are indexed)."""
-    tokens = chain(i)[1] + [7]
-    resp = await svc.score(tokens, [worker_id])
-    return resp.workers[0].hit_tokens
-
-
 @pytest.fixture
 async def service() -> AsyncIterator[RouterService]:
     svc = RouterService(RouterSettings(replay_timeout_s=1.0))
     await svc.start()
     yield svc
     await svc.stop()
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    eng = FakeEngine()
-    yield eng
-    await eng.close()
 
 
 async def register(svc: RouterService, eng: FakeEngine, worker_id: str = "w0", **kw: Any) -> Any:

@@ -4,7 +4,6 @@ a supervised subscription task, and bad frames logged for as long as they come."
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,13 +14,6 @@ from _helpers import FakeEngine, batch, stored, wait_until
 from router.config import RouterSettings, WorkerSpec
 from router.ingest.replay_client import ReplayFailed, ReplayTooLarge, request_replay
 from router.service import RouterService
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    eng = FakeEngine()
-    yield eng
-    await eng.close()
 
 
 async def start(engine: FakeEngine, **settings: Any) -> tuple[RouterService, Any]:

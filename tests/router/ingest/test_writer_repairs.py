@@ -6,30 +6,12 @@ keeps the worker's key set, so the APPLY script fails with WRONGTYPE (not an out
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 import redis
-from _helpers import FakeEngine, batch, stored, wait_until
+from _helpers import FakeEngine, batch, hits, store_chain, wait_until
 
 from router.config import RouterSettings, WorkerSpec
 from router.index.redis import worker_prefix
 from router.service import RouterService
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    eng = FakeEngine()
-    yield eng
-    await eng.close()
-
-
-def chain(i: int) -> tuple[list[int], list[int]]:
-    return [i * 10 + 1, i * 10 + 2], [i * 1000 + k for k in range(8)]
-
-
-async def hits(svc: RouterService, i: int) -> int:
-    return (await svc.score([*chain(i)[1], 7], ["w0"])).workers[0].hit_tokens
 
 
 async def test_a_failed_write_is_not_applied_and_the_worker_is_rebuilt(
@@ -42,24 +24,24 @@ async def test_a_failed_write_is_not_applied_and_the_worker_is_rebuilt(
         await engine.wait_subscribed()
         sub = svc.subscriptions.get("w0")
         assert sub is not None
-        await engine.publish(batch(stored(*chain(0))))
+        await engine.publish(batch(store_chain(0)))
         await wait_until(lambda: sub.last_seq.get(0) == 0, what="seq 0 applied")
-        assert await hits(svc, 0) == 8
+        assert await hits(svc, "w0", 0) == 8
 
         client = redis.Redis.from_url(redis_url)
         client.delete(worker_prefix("w0") + "keys")
         client.set(worker_prefix("w0") + "keys", "not a set")  # WRONGTYPE for SADD
-        await engine.publish(batch(stored(*chain(1))))
+        await engine.publish(batch(store_chain(1)))
         await wait_until(lambda: sub.counters.ingest_errors >= 1, what="the failed write")
         await wait_until(lambda: sub.faulted, what="the worker marked faulted")
         assert (await svc.worker_info("w0")).faulted
         # Repairs fail while the key stays wrong (with backoff), chain 1 is not indexed.
-        assert await hits(svc, 1) == 0
+        assert await hits(svc, "w0", 1) == 0
         client.delete(worker_prefix("w0") + "keys")
-        await engine.publish(batch(stored(*chain(2))))
+        await engine.publish(batch(store_chain(2)))
 
         async def rebuilt() -> bool:
-            return [await hits(svc, i) for i in range(3)] == [8, 8, 8]
+            return [await hits(svc, "w0", i) for i in range(3)] == [8, 8, 8]
 
         await wait_until(rebuilt, what="every chain indexed after the repair")
         await wait_until(lambda: not sub.faulted, what="the fault cleared")
