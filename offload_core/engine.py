@@ -26,7 +26,7 @@ from offload_core.base import (
     make_offload_key,
 )
 from offload_core.block_pool import lora_id_for
-from offload_core.cpu import CPUOffloadingManager
+from offload_core.cpu import CPUOffloadingManager, FilteredOffloadingManager
 from offload_core.engine_events import TierEventTranslator
 from offload_core.groups import format_groups, parse_groups
 from offload_core.transfer import KVBuffers, TransferWorker
@@ -51,6 +51,9 @@ class EngineConfig:
     cpu_blocks: int = 4096
     hash_algo: str = "sha256"
     cpu_policy: str = "lru"
+    # vLLM's ``store_threshold`` (kv_connector_extra_config): a block goes to the CPU tier
+    # only from its N-th offer; below 2 every offered block is stored.
+    cpu_store_threshold: int = 0
     num_heads: int = 2
     head_dim: int = 8
     device: str | None = None
@@ -118,7 +121,7 @@ class SimEngine:
             config.head_dim,
             device=config.device,
         )
-        self.cpu: CPUOffloadingManager | None = None
+        self.cpu: CPUOffloadingManager | FilteredOffloadingManager | None = None
         self.transfer: TransferWorker | None = None
         self._new_cpu_tier()
         self.stats = EngineStats()
@@ -216,6 +219,7 @@ class SimEngine:
             "gpu_evictions": pool.evictions,
             "cpu_blocks": self.config.cpu_blocks,
             "cpu_cached_blocks": 0 if self.cpu is None else len(self.cpu.ready_keys()),
+            "cpu_stores_skipped": getattr(self.cpu, "stores_skipped", 0),
             "device": str(self.buffers.device),
             "publisher": self.publisher.counters(),
         }
@@ -229,6 +233,8 @@ class SimEngine:
         if cfg.cpu_blocks <= 0:
             return
         self.cpu = CPUOffloadingManager(cfg.cpu_blocks, cfg.cpu_policy)
+        if cfg.cpu_store_threshold >= 2:
+            self.cpu = FilteredOffloadingManager(self.cpu, cfg.cpu_store_threshold)
         self.transfer = TransferWorker(self.buffers, self.cpu)
 
     def _offload(self, doomed: list[VBlock]) -> None:

@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--gpu-blocks", type=int, default=1024, help="GPU pool size (block 0 is the null block)")
     add("--cpu-blocks", type=int, default=4096, help="CPU offload blocks; 0 disables offloading")
     add(
+        "--cpu-store-threshold",
+        type=int,
+        default=0,
+        help="vLLM's store_threshold: offload a block only from its N-th offer (< 2: always)",
+    )
+    add(
         "--groups",
         default="full:16",
         help="KV cache groups in group order, KIND:BLOCK_SIZE[:WINDOW] (kinds full, mla, "
@@ -104,6 +110,7 @@ def main(argv: list[str]) -> int:
         cpu_blocks=args.cpu_blocks,
         hash_algo=args.hash_algo,
         cpu_policy=args.cpu_policy,
+        cpu_store_threshold=args.cpu_store_threshold,
         num_heads=args.num_heads,
         head_dim=args.head_dim,
         device=args.device,

@@ -7,6 +7,13 @@ on makes the whole lookup None: the scheduler defers the request and asks again 
 
 Semantics match ``schemas.hit_rule`` exactly (the tests compare them on random
 cases); this module only adds the incremental, per-block querying.
+
+Why it has no caller in the simulated engine: its CPU tier answers synchronously, so the
+engine applies the mask form of the rule (``schemas.hit_rule.longest_hit`` over GPU or
+CPU blocks) in one pass. This module is the library form for tiers that answer later —
+vLLM 0.33's ``OffloadingManager.lookup`` returns ``RETRY`` / ``HIT_PENDING`` for those,
+and its offloading scheduler then defers the request — which is what an integrator
+plugging a remote or disk tier into ``offload_core`` needs.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
-"""Store only blocks that are asked for repeatedly.
+"""Store only blocks that were offered for storage repeatedly (vLLM's ``store_threshold``).
 
 Offloading a block costs a device-to-host copy and pushes an older block out of the CPU
-tier; a block looked up once (a one-shot prompt) is rarely worth it. This wrapper counts
-``lookup`` calls per key and lets ``prepare_store`` through only for keys looked up at
-least ``min_lookups`` times; every other call goes to the wrapped manager unchanged.
+tier; a block offered once (a one-shot prompt) is rarely worth it. vLLM 0.33's CPU
+offloading takes ``store_threshold`` and ``max_tracker_size`` from
+``kv_connector_extra_config``: it counts how often each block is *offered* to
+``prepare_store`` and stores a new block only from its ``store_threshold``-th offer on
+(values below 2 disable the filter). Blocks already on the tier are never filtered.
+This wrapper gives any ``OffloadingManager`` the same rule, so the simulated engine
+(``kvroute engine --cpu-store-threshold N``) fills its CPU tier the way vLLM does.
 
-The counter is bounded: it remembers the ``max_tracked`` most recently looked-up keys and
-forgets the oldest, so memory stays flat under an endless stream of new prompts.
-
-Note that a prefix lookup stops at the first miss, so with ``min_lookups=2`` a repeated
-prompt becomes eligible one missing block per repetition; a caller that knows the whole
-request can count its remaining blocks with ``note_lookups`` (no lookup is forwarded).
+The counter is bounded like vLLM's: an LRU table of at most ``max_tracker_size`` keys;
+keys of the offer being counted are protected, so one large offer cannot evict its own
+counts.
 """
 
 from __future__ import annotations
@@ -28,25 +29,30 @@ from offload_core.base import (
     ReqContext,
 )
 
+DEFAULT_MAX_TRACKER_SIZE = 64_000  # vLLM 0.33's default
+
 
 class FilteredOffloadingManager(OffloadingManager):
-    """Wraps ``inner``; stores a key only after ``min_lookups`` lookups of it."""
+    """Wraps ``inner``; a new key is stored only from its ``store_threshold``-th offer."""
 
     def __init__(
-        self, inner: OffloadingManager, min_lookups: int = 2, max_tracked: int = 100_000
+        self,
+        inner: OffloadingManager,
+        store_threshold: int = 2,
+        max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE,
     ) -> None:
-        if min_lookups < 1:
-            raise ValueError("min_lookups must be >= 1")
-        if max_tracked < 1:
-            raise ValueError("max_tracked must be >= 1")
+        if store_threshold < 2:
+            raise ValueError("store_threshold must be >= 2 (below 2 vLLM does not filter)")
+        if max_tracker_size < 1:
+            raise ValueError("max_tracker_size must be >= 1")
         self.inner = inner
-        self.min_lookups = min_lookups
-        self.max_tracked = max_tracked
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
         self._counts: OrderedDict[OffloadKey, int] = OrderedDict()
-        self.filtered_keys = 0  # keys refused by prepare_store so far (a metric)
+        self.stores_skipped = 0  # offers refused by the threshold so far (a metric)
 
-    def lookup_count(self, key: OffloadKey) -> int:
-        """How many lookups of ``key`` are remembered."""
+    def offer_count(self, key: OffloadKey) -> int:
+        """How many offers of ``key`` are remembered."""
         return self._counts.get(key, 0)
 
     def __len__(self) -> int:
@@ -55,23 +61,28 @@ class FilteredOffloadingManager(OffloadingManager):
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (during construction or unpickling)
             raise AttributeError(name)
-        # Inspection helpers of the wrapped manager (is_ready, ready_keys, ...).
+        # Inspection helpers of the wrapped manager (is_ready, ready_keys, num_blocks...).
         return getattr(self.inner, name)
 
-    def _count(self, key: OffloadKey) -> None:
+    def _record_offer(self, keys: Sequence[OffloadKey]) -> None:
         counts = self._counts
-        counts[key] = counts.get(key, 0) + 1
-        counts.move_to_end(key)
-        if len(counts) > self.max_tracked:
-            counts.popitem(last=False)
-
-    def note_lookups(self, keys: Sequence[OffloadKey]) -> None:
-        """Count ``keys`` as looked up without asking the wrapped manager."""
-        for key in keys:
-            self._count(key)
+        offered = set(keys)
+        for key in offered:
+            if key in counts:
+                counts[key] += 1
+                counts.move_to_end(key)
+        unprotected = len(counts) - sum(1 for key in offered if key in counts)
+        for key in dict.fromkeys(keys):
+            if key in counts:
+                continue
+            if len(counts) >= self.max_tracker_size:
+                if unprotected == 0:
+                    continue  # every tracked key belongs to this offer: not counted
+                counts.popitem(last=False)
+                unprotected -= 1
+            counts[key] = 1
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> bool | None:
-        self._count(key)
         return self.inner.lookup(key, ctx)
 
     def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> LoadStoreSpec:
@@ -86,10 +97,19 @@ class FilteredOffloadingManager(OffloadingManager):
     def prepare_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
     ) -> PrepareStoreOutput | None:
-        threshold = self.min_lookups
-        wanted = [key for key in keys if self._counts.get(key, 0) >= threshold]
-        self.filtered_keys += len(keys) - len(wanted)
+        self._record_offer(keys)
+        resident = self._resident
+        threshold = self.store_threshold
+        wanted = [k for k in keys if resident(k) or self._counts.get(k, 0) >= threshold]
+        self.stores_skipped += len(keys) - len(wanted)
         return self.inner.prepare_store(wanted, ctx)
+
+    def _resident(self, key: OffloadKey) -> bool:
+        """On the tier already (ready or being stored): never filtered, as in vLLM."""
+        contains = getattr(self.inner, "contains", None)
+        if contains is not None:
+            return bool(contains(key))
+        return self.inner.lookup(key, ReqContext()) is True
 
     def complete_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True

@@ -56,6 +56,10 @@ class CPUOffloadingManager(OffloadingManager):
         block = self._blocks.get(key)
         return block is not None and block.ready
 
+    def contains(self, key: OffloadKey) -> bool:
+        """True while the key holds a block, ready or still being stored."""
+        return key in self._blocks
+
     def ref_count(self, key: OffloadKey) -> int:
         """Loads in flight for ``key`` (0 when unknown)."""
         block = self._blocks.get(key)

@@ -260,3 +260,29 @@ def test_kvroute_engine_process_serves_and_publishes() -> None:
             out, _ = proc.communicate()
     assert proc.returncode == 0, out
     assert "worker e1" in out and "stopped" in out
+
+
+def test_cpu_store_threshold_offloads_a_block_only_from_its_second_offer() -> None:
+    """vLLM's ``store_threshold`` (``--cpu-store-threshold``): a prompt evicted once is
+    not offloaded; evicted again after a recompute, it is, and a third run loads it back."""
+    cfg = EngineConfig(
+        worker_id="w0", groups="full:4", gpu_blocks=24, cpu_blocks=64, cpu_store_threshold=2
+    )
+    eng = SimEngine(cfg)
+    try:
+        first = list(range(2000, 2040))  # 10 blocks of the 23 usable
+
+        def push_out(round_: int) -> None:
+            for k in range(3):
+                eng.serve([5000 + 1000 * round_ + 100 * k + i for i in range(40)])
+
+        eng.serve(first)
+        push_out(0)
+        assert eng.serve(first).cached_tokens == 0  # offered once: nothing on the CPU tier
+        skipped = eng.stats_dict()["cpu_stores_skipped"]
+        assert isinstance(skipped, int) and skipped > 0
+        push_out(1)
+        again = eng.serve(first)
+        assert again.cached_tokens == 36 and again.loaded_blocks > 0  # second offer stored
+    finally:
+        eng.shutdown()
