@@ -206,23 +206,16 @@ class RouterSettings(BaseSettings):
     @field_validator("route_policy")
     @classmethod
     def _check_route_policy(cls, value: str) -> str:
-        from router.routing.policy import POLICY_NAMES
+        from router.routing.policy import check_policy
 
-        if value not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {value!r}; expected one of {list(POLICY_NAMES)}")
-        return value
+        return check_policy(value)
 
     @field_validator("route_weights")
     @classmethod
     def _check_route_weights(cls, value: dict[str, float]) -> dict[str, float]:
-        import dataclasses
+        from router.routing.policy import policy_weights
 
-        from router.routing.policy import PolicyWeights
-
-        known = {f.name for f in dataclasses.fields(PolicyWeights)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"unknown route weights {unknown}; expected some of {sorted(known)}")
+        policy_weights(value)  # raises ValueError naming the bad weight
         return value
 
     @classmethod

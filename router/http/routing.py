@@ -9,7 +9,6 @@ module only scores the request, maps errors to JSON, records each decision in
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -22,7 +21,7 @@ from prometheus_client.registry import Collector
 from router.config import RouterSettings
 from router.http.deps import ApiError, get_service, require_write_key
 from router.http.scoring import check_request_size
-from router.routing.policy import DEFAULT_POLICY, POLICY_NAMES, PolicyWeights
+from router.routing.policy import DEFAULT_POLICY, POLICY_NAMES, check_policy, policy_weights
 from router.routing.state import Decision, DuplicateRequestError, RoutingConfig, RoutingCore
 from router.service import RouterService
 from schemas.rest import ErrorResponse, RouteCandidate, RouteRequest, RouteResponse
@@ -37,17 +36,9 @@ EXPIRE_INTERVAL_S = 1.0
 def routing_config(settings: RouterSettings) -> RoutingConfig:
     """``RoutingConfig`` from the router settings' ``route_*`` fields; ``ValueError`` for
     an unknown policy or weight name."""
-    overrides = dict(settings.route_weights)
-    known = {f.name for f in dataclasses.fields(PolicyWeights)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"unknown route weight(s) {unknown}; expected some of {sorted(known)}")
-    policy = settings.route_policy or DEFAULT_POLICY
-    if policy not in POLICY_NAMES:
-        raise ValueError(f"unknown route_policy {policy!r}; expected one of {POLICY_NAMES}")
     return RoutingConfig(
-        weights=dataclasses.replace(PolicyWeights(), **overrides),
-        default_policy=policy,
+        weights=policy_weights(settings.route_weights),
+        default_policy=check_policy(settings.route_policy or DEFAULT_POLICY),
         inflight_ttl_s=settings.route_inflight_ttl_s,
         prefill_tps=settings.route_prefill_tps,
         predict_ttl_s=settings.route_predict_ttl_s,
@@ -102,11 +93,10 @@ async def route(
     core: RoutingCore = Depends(get_core),
 ) -> RouteResponse:
     check_request_size(service, body.token_ids)
-    policy = body.policy or core.config.default_policy
-    if policy not in POLICY_NAMES:
-        raise ApiError(
-            422, "unknown_policy", f"unknown policy {policy!r}; expected one of {POLICY_NAMES}"
-        )
+    try:
+        policy = check_policy(body.policy or core.config.default_policy)
+    except ValueError as exc:
+        raise ApiError(422, "unknown_policy", str(exc)) from None
     request_id = body.request_id or uuid.uuid4().hex
     if request_id in core.inflight:  # checked first too, to spare scoring a duplicate
         raise _duplicate(request_id)

@@ -21,8 +21,9 @@ one worker once that worker is clearly busier than the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from router.routing.anchors import ANCHOR_CLASSES
 from router.routing.base import (
@@ -48,9 +49,11 @@ __all__ = [
     "PolicyWeights",
     "RouteInput",
     "WorkerView",
+    "check_policy",
     "discount_hot",
     "make_policy",
     "pick_min",
+    "policy_weights",
     "worker_load",
 ]
 
@@ -159,9 +162,32 @@ POLICY_CLASSES: dict[str, type[Policy]] = {
 POLICY_NAMES: tuple[str, ...] = tuple(POLICY_CLASSES)
 
 
+def check_policy(name: str) -> str:
+    """``name`` if it names a policy, else ``ValueError`` listing them — the one check
+    behind the config, the CLI, ``/v1/route`` and the proxy."""
+    if name not in POLICY_CLASSES:
+        raise ValueError(f"unknown policy {name!r}; expected one of {list(POLICY_NAMES)}")
+    return name
+
+
+def policy_weights(overrides: Mapping[str, object] | None = None) -> PolicyWeights:
+    """``PolicyWeights`` with ``overrides`` applied (numbers, or strings holding one);
+    ``ValueError`` naming an unknown or non-numeric weight."""
+    fields = {f.name for f in dataclasses.fields(PolicyWeights)}
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown route weight(s) {unknown}; expected some of {sorted(fields)}")
+    values: dict[str, float | int] = {}
+    for name, raw in overrides.items():
+        try:
+            number = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"route weight {name}={raw!r} is not a number") from None
+        values[name] = int(number) if name == "expected_output_tokens" else number
+    return dataclasses.replace(PolicyWeights(), **values)
+
+
 def make_policy(name: str) -> Policy:
     """A fresh policy object by name; ``ValueError`` for an unknown name."""
-    try:
-        return POLICY_CLASSES[name]()
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; expected one of {list(POLICY_NAMES)}") from None
+    return POLICY_CLASSES[check_policy(name)]()

@@ -280,3 +280,24 @@ def test_baselines_never_use_predictions() -> None:
     tokens = list(range(300))
     core.route("x", tokens, hits(a=0, b=0), policy="longest_prefix")
     assert core.memory.predicted_entries == 0
+
+
+def test_one_policy_and_weights_check_serves_config_and_api() -> None:
+    """config, `/v1/route` and the CLI share ``check_policy`` / ``policy_weights``."""
+    from router.config import RouterSettings
+    from router.routing.policy import check_policy, policy_weights
+
+    assert check_policy("kv_aware") == "kv_aware"
+    with pytest.raises(ValueError, match="expected one of"):
+        check_policy("fastest")
+    w = policy_weights({"decode": "128", "expected_output_tokens": 64.0})
+    assert w.decode == 128.0 and w.expected_output_tokens == 64
+    assert isinstance(w.expected_output_tokens, int)
+    with pytest.raises(ValueError, match="unknown route weight"):
+        policy_weights({"decoed": 1})
+    with pytest.raises(ValueError, match="not a number"):
+        policy_weights({"decode": "lots"})
+    with pytest.raises(ValueError, match="unknown route weight"):
+        RouterSettings(route_weights={"decoed": 1.0})
+    with pytest.raises(ValueError, match="unknown policy"):
+        RouterSettings(route_policy="fastest")
