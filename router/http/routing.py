@@ -20,11 +20,12 @@ from prometheus_client.registry import Collector
 
 from router.config import RouterSettings
 from router.http.deps import ApiError, get_service, require_write_key
+from router.http.errors import TOO_MANY_TOKENS, UNKNOWN_WORKER_NAMED, WRITE_KEY, error, responses
 from router.http.scoring import check_request_size
 from router.routing.policy import DEFAULT_POLICY, POLICY_NAMES, check_policy, policy_weights
 from router.routing.state import Decision, DuplicateRequestError, RoutingConfig, RoutingCore
 from router.service import RouterService
-from schemas.rest import ErrorResponse, RouteCandidate, RouteRequest, RouteResponse
+from schemas.rest import RouteCandidate, RouteRequest, RouteResponse
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,14 @@ def _duplicate(request_id: str) -> ApiError:
     "/v1/route",
     response_model=RouteResponse,
     summary="choose a worker for a request (cache affinity vs load) and count it in flight",
-    responses={
-        401: {"model": ErrorResponse, "description": "API key missing or wrong (when set)"},
-        404: {"model": ErrorResponse, "description": "a worker named in `workers` is unknown"},
-        409: {"model": ErrorResponse, "description": "request_id is already in flight"},
-        413: {"model": ErrorResponse, "description": "token_ids longer than the limit"},
-        422: {"model": ErrorResponse, "description": "invalid body or unknown policy"},
-        503: {"model": ErrorResponse, "description": "no workers, or index unavailable"},
-    },
+    responses=responses(
+        WRITE_KEY,
+        UNKNOWN_WORKER_NAMED,
+        error(409, "request_id is already in flight"),
+        TOO_MANY_TOKENS,
+        error(422, "invalid body or unknown policy"),
+        error(503, "no workers, or index unavailable"),
+    ),
     # Routing adds in-flight load: it needs the key like finish, which releases it.
     dependencies=[Depends(require_write_key)],
 )
@@ -141,10 +142,7 @@ async def route(
     status_code=204,
     response_class=Response,
     summary="the request is done: stop counting it as load on its worker",
-    responses={
-        401: {"model": ErrorResponse, "description": "API key missing or wrong"},
-        404: {"model": ErrorResponse, "description": "unknown, finished or expired request"},
-    },
+    responses=responses(WRITE_KEY, error(404, "unknown, finished or expired request")),
     dependencies=[Depends(require_write_key)],
 )
 async def finish(request_id: str, core: RoutingCore = Depends(get_core)) -> Response:

@@ -8,12 +8,19 @@ import msgspec
 from fastapi import APIRouter, Depends, Request, Response
 
 from router.http.deps import ApiError, check_api_key, get_service, require_read_key, service_of
+from router.http.errors import (
+    INDEX_DOWN,
+    INVALID_BODY,
+    READ_KEY,
+    TOO_MANY_TOKENS,
+    UNKNOWN_WORKER_NAMED,
+    responses,
+)
 from router.service import RouterService
 from schemas.rest import (
     MAX_STR_LEN,
     MAX_WORKERS_PER_REQUEST,
     TOKEN_ID_MAX,
-    ErrorResponse,
     ScoreRequest,
     ScoreResponse,
 )
@@ -77,13 +84,7 @@ def check_request_size(service: RouterService, token_ids: list[int]) -> None:
     "/score",
     response_model=ScoreResponse,
     summary="per-worker prompt tokens each worker would reuse from its KV cache",
-    responses={
-        401: {"model": ErrorResponse, "description": "API key missing (with api_key_all)"},
-        404: {"model": ErrorResponse, "description": "a worker named in `workers` is unknown"},
-        413: {"model": ErrorResponse, "description": "token_ids longer than the limit"},
-        422: {"model": ErrorResponse, "description": "invalid body"},
-        503: {"model": ErrorResponse, "description": "index backend unavailable"},
-    },
+    responses=responses(READ_KEY, UNKNOWN_WORKER_NAMED, TOO_MANY_TOKENS, INVALID_BODY, INDEX_DOWN),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -116,10 +117,7 @@ _encoder = msgspec.json.Encoder()
 @router.get(
     "/index/stats",
     summary="index size: workers, entries, map entries, bytes",
-    responses={
-        401: {"model": ErrorResponse, "description": "API key missing (with api_key_all)"},
-        503: {"model": ErrorResponse, "description": "index backend unavailable"},
-    },
+    responses=responses(READ_KEY, INDEX_DOWN),
     dependencies=[Depends(require_read_key)],
 )
 async def index_stats(service: RouterService = Depends(get_service)) -> dict[str, Any]:

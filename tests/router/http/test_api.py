@@ -55,6 +55,11 @@ async def test_health_ready_docs(client: httpx.AsyncClient):
     paths = (await client.get("/openapi.json")).json()["paths"]
     for p in ("/v1/workers", "/v1/workers/{worker_id}", "/v1/score", "/v1/index/stats"):
         assert p in paths
+    # The shared error entries (router.http.errors) keep one wording per rule.
+    score_401 = paths["/v1/score"]["post"]["responses"]["401"]["description"]
+    route_401 = paths["/v1/route"]["post"]["responses"]["401"]["description"]
+    finish_401 = paths["/v1/requests/{request_id}/finish"]["post"]["responses"]["401"]
+    assert "api_key_all" in score_401 and route_401 == finish_401["description"] != score_401
 
 
 async def test_worker_crud_and_errors(client: httpx.AsyncClient, engine: FakeEngine):
