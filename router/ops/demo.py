@@ -117,9 +117,8 @@ def start_engines(args: argparse.Namespace, logdir: Path) -> list[Engine]:
         cmd = [
             sys.executable, "-m", "router.cli", "engine",
             "--host", "127.0.0.1", "--port", str(e.port), "--worker-id", e.worker_id,
-            # "*" makes the publisher bind (vLLM's rule: a concrete host means connect);
-            # the replay ROUTER always binds, so it stays on loopback.
-            "--publish", f"tcp://*:{e.pub_port}",
+            # Loopback only: the engine binds its PUB (--publish-mode bind, the default).
+            "--publish", f"tcp://127.0.0.1:{e.pub_port}",
             "--replay", f"tcp://127.0.0.1:{e.replay_port}",
             "--gpu-blocks", str(args.gpu_blocks), "--cpu-blocks", str(args.cpu_blocks),
             "--groups", args.groups, "--log-level", "warning",
