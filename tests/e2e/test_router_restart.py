@@ -244,3 +244,10 @@ def test_router_restarted_after_the_buffer_overran_reports_lower_bounds(
         f"resyncs {fleet.info()['resyncs']}"
     )
     assert over == []  # never a block the engine no longer holds
+    log = (fleet.tmp / "router-2.log").read_text()
+    # An honest reason: the buffer moved on, the publisher did not restart (item 7).
+    assert "event=publisher_restarted" not in log
+    if index == "redis":
+        assert "event=replay_overrun" in log
+    else:
+        assert "event=partial_history" in log
