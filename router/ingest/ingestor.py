@@ -43,6 +43,8 @@ from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
+from router.logging_setup import event_extra
+from router.ratelimited_log import RateLimitedLog
 from schemas import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -81,7 +83,9 @@ class Ingestor:
         # Per worker, the token ranges of recent stores with their unit keys: where a
         # parent no event named is found by its tokens (``KeyPlanner._locate``).
         self._recent: dict[str, deque[tuple[Any, list[BlockKey]]]] = {}
-        self._warned: set[str] = set()
+        # Bad input repeats for as long as its cause lasts: the first few per reason,
+        # then one line a minute with the count suppressed meanwhile.
+        self._limited = RateLimitedLog(log)
 
     # -- worker lifecycle -------------------------------------------------------------
 
@@ -152,9 +156,13 @@ class Ingestor:
 
     def _bad(self, why: str) -> None:
         self.counters.bad_events += 1
-        if why not in self._warned:
-            self._warned.add(why)
-            log.warning("skipping bad KV event: %s (counted in bad_events; logged once)", why)
+        self._limited.warning(
+            ("bad_event", why),
+            "skipping bad KV event: %s (%d bad events so far)",
+            why,
+            self.counters.bad_events,
+            extra=event_extra("bad_event"),
+        )
 
     def _group(self, group_idx: object) -> int | None:
         """The event's group (absent = 0), or None for a value no engine sends."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,17 @@ async def test_one_batch_or_two_give_the_same_index(case: int) -> None:
             await two.one(toks[:n], "w")
         ).hit_tokens, (name, n)
     assert one.ingestor.counters.unknown_parent == two.ingestor.counters.unknown_parent
+
+
+async def test_bad_events_keep_being_logged(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 14 item 10: not "logged once per process" -- each of the first few bad
+    events of a kind is logged with the running count, then one line a minute."""
+    caplog.set_level(logging.WARNING, logger="router.ingest.ingestor")
+    src = EventSource("foreign")
+    for i in range(3):
+        ev = src.store(tokens(32, seed=i), 16, 0, 2, medium="NVMe-over-pigeon")
+        await harness.feed("w", ev)
+    lines = [r.getMessage() for r in caplog.records if "bad KV event" in r.getMessage()]
+    assert len(lines) == 3 and "(3 bad events so far)" in lines[2], lines
