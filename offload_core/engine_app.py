@@ -34,7 +34,7 @@ from offload_core.engine_openai import (
 )
 from offload_core.groups import format_groups
 from offload_core.kv_cache import RequestTooLargeError
-from publisher import EventPublisher, KVEventsConfig, make_publisher
+from publisher import EventPublisher, KVEventsConfig, PublishMode, make_publisher
 
 log = logging.getLogger("kvroute.engine")
 
@@ -218,13 +218,16 @@ def create_app(
     return app
 
 
-def engine_publisher(endpoint: str | None, replay: str | None, topic: str) -> EventPublisher:
+def engine_publisher(
+    endpoint: str | None, replay: str | None, topic: str, mode: PublishMode = "bind"
+) -> EventPublisher:
     """The engine's publisher: ZMQ with replay, or nothing when ``endpoint`` is empty."""
     config = KVEventsConfig(
         enable_kv_cache_events=bool(endpoint),
-        endpoint=endpoint or "tcp://*:5557",
+        endpoint=endpoint or "tcp://127.0.0.1:5557",
         replay_endpoint=replay or None,
         topic=topic,
+        publish_mode=mode,
     )
     return make_publisher(config)
 
@@ -240,6 +243,7 @@ def run_server(
     tokenizer: str | None = None,
     model: str | None = None,
     token_delay_s: float = 0.0,
+    publish_mode: PublishMode = "bind",
 ) -> int:
     """Run ``kvroute engine`` until interrupted."""
     import uvicorn
@@ -255,7 +259,7 @@ def run_server(
             return 2
 
     try:
-        publisher = engine_publisher(publish, replay, topic)
+        publisher = engine_publisher(publish, replay, topic, publish_mode)
     except (zmq.ZMQError, ValueError) as exc:
         log.error("worker %s: cannot open %s / %s: %s", config.worker_id, publish, replay, exc)
         return 1

@@ -15,6 +15,7 @@ from offload_core.engine import EngineConfig
 from offload_core.engine_app import run_server
 from offload_core.groups import parse_groups
 from offload_core.vcache import VKVCacheManager
+from publisher import PUBLISH_MODES
 from schemas.hashing import HASH_ALGOS
 
 
@@ -30,9 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--worker-id", default="engine-0", help="worker id, also the default topic suffix")
     add(
         "--publish",
-        default="tcp://*:5557",
-        help="KV event PUB endpoint; vLLM's rule: a wildcard host (*) binds, a concrete "
-        "host connects ('' disables)",
+        default="tcp://127.0.0.1:5557",
+        help="KV event PUB endpoint (default loopback only; '' disables)",
+    )
+    add(
+        "--publish-mode",
+        choices=PUBLISH_MODES,
+        default="bind",
+        help="bind the PUB endpoint (default), connect to it (a router or proxy that "
+        "binds), or auto: vLLM's rule (a wildcard host, ::, ipc or inproc binds, a concrete "
+        "host connects)",
     )
     add(
         "--replay",
@@ -141,4 +149,5 @@ def main(argv: list[str]) -> int:
         tokenizer=args.tokenizer,
         model=args.served_model_name,
         token_delay_s=args.token_delay_ms / 1000,
+        publish_mode=args.publish_mode,
     )

@@ -1,7 +1,13 @@
 """ZMQ KV event publisher, wire-compatible with vLLM's."""
 
 from publisher.config import KVEventsConfig, make_publisher
-from publisher.endpoints import offset_endpoint_port, should_bind
+from publisher.endpoints import (
+    PUBLISH_MODES,
+    PublishMode,
+    offset_endpoint_port,
+    publisher_binds,
+    should_bind,
+)
 from publisher.zmq_publisher import (
     EventPublisher,
     NullEventPublisher,
@@ -9,11 +15,14 @@ from publisher.zmq_publisher import (
 )
 
 __all__ = [
+    "PUBLISH_MODES",
     "EventPublisher",
     "KVEventsConfig",
     "NullEventPublisher",
+    "PublishMode",
     "ZmqEventPublisher",
     "make_publisher",
     "offset_endpoint_port",
+    "publisher_binds",
     "should_bind",
 ]

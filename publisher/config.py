@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from publisher.endpoints import PublishMode
 from publisher.zmq_publisher import EventPublisher, NullEventPublisher, ZmqEventPublisher
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -27,6 +28,9 @@ class KVEventsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hwm: Annotated[int, msgspec.Meta(ge=0)] = 100_000
     max_queue_size: _Positive = 100_000
     topic: str = ""
+    # kvroute's extension (vLLM has no such key): whether the PUB socket binds or
+    # connects; "auto" is vLLM's rule (a wildcard or local transport binds).
+    publish_mode: PublishMode = "auto"
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> KVEventsConfig:
@@ -58,4 +62,5 @@ def make_publisher(
         buffer_steps=config.buffer_steps,
         hwm=config.hwm,
         max_queue_size=config.max_queue_size,
+        mode=config.publish_mode,
     )

@@ -7,6 +7,11 @@ where it defines one, and extend it only where vLLM would fail.
 
 from __future__ import annotations
 
+from typing import Literal
+
+PublishMode = Literal["auto", "bind", "connect"]
+PUBLISH_MODES: tuple[PublishMode, ...] = ("auto", "bind", "connect")
+
 
 def should_bind(endpoint: str) -> bool:
     """True if the PUB socket binds ``endpoint``; False if it connects.
@@ -22,6 +27,23 @@ def should_bind(endpoint: str) -> bool:
         or endpoint.startswith("ipc://")
         or endpoint.startswith("inproc://")
     )
+
+
+def publisher_binds(endpoint: str, mode: str = "auto") -> bool:
+    """Whether the PUB socket binds: ``bind``/``connect`` say so explicitly, ``auto`` is
+    vLLM's rule (``should_bind``).
+
+    The explicit choice exists because vLLM's rule cannot express "bind loopback only":
+    ``tcp://127.0.0.1:5557`` would connect, so an engine that wants to own its address had
+    to bind every interface (``tcp://*:5557``).
+    """
+    if mode == "bind":
+        return True
+    if mode == "connect":
+        return False
+    if mode == "auto":
+        return should_bind(endpoint)
+    raise ValueError(f"unknown publish mode {mode!r}: expected one of {', '.join(PUBLISH_MODES)}")
 
 
 def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str | None:

@@ -31,7 +31,7 @@ from collections import deque
 
 import zmq
 
-from publisher.endpoints import offset_endpoint_port, should_bind
+from publisher.endpoints import PUBLISH_MODES, offset_endpoint_port, publisher_binds
 from schemas import REPLAY_END_SEQ, KVEventBatch, encode_batch
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ class ZmqEventPublisher(EventPublisher):
     ``publisher.endpoints``); after start-up ``bound_endpoint`` and
     ``bound_replay_endpoint`` hold the concrete addresses (useful with ``tcp://host:*``).
     With ``start=False`` nothing is opened until ``start()``; batches published before
-    that wait in the queue (or are dropped when it is full).
+    that wait in the queue (or are dropped when it is full). ``mode`` says whether the
+    PUB socket binds or connects: ``auto`` (vLLM's rule), ``bind`` or ``connect``.
     """
 
     def __init__(
@@ -97,10 +98,14 @@ class ZmqEventPublisher(EventPublisher):
         *,
         context: zmq.Context | None = None,
         start: bool = True,
+        mode: str = "auto",
     ) -> None:
         super().__init__(data_parallel_rank)
         if buffer_steps < 1 or max_queue_size < 1 or hwm < 0:
             raise ValueError("buffer_steps and max_queue_size must be >= 1, hwm >= 0")
+        if mode not in PUBLISH_MODES:
+            raise ValueError(f"unknown publish mode {mode!r}: expected one of {PUBLISH_MODES}")
+        self.mode = mode
         self.endpoint: str = offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
         self.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
         self.topic = topic
@@ -253,7 +258,7 @@ class ZmqEventPublisher(EventPublisher):
         replay: zmq.Socket | None = None
         try:
             pub.set_hwm(self.hwm)
-            if should_bind(self.endpoint):
+            if publisher_binds(self.endpoint, self.mode):
                 pub.bind(self.endpoint)
                 self.bound_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
             else:

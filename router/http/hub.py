@@ -106,6 +106,7 @@ class StreamHub:
         self.ticks = 0
         self.computations = 0
         self.dropped = 0
+        self.refused = 0  # subscriptions refused at max_clients (answered 503)
         self.errors = 0
         self._limited = RateLimitedLog(log)  # per hub: repeating failures, with counts
 
@@ -122,6 +123,14 @@ class StreamHub:
         if self._closed:
             raise TooManyClients("the stream is shutting down")
         if len(self._subs) >= self.max_clients:
+            self.refused += 1
+            self._limited.warning(
+                "refused",
+                "stream client refused: %d clients connected (%d refused so far)",
+                self.max_clients,
+                self.refused,
+                extra={"event": "stream_client_refused"},
+            )
             raise TooManyClients(f"{self.max_clients} stream clients already connected")
         self.loop = asyncio.get_running_loop()
         sub = Subscriber(self.queue_size)

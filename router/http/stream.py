@@ -60,6 +60,11 @@ class _StreamCollector(Collector):
             value=hub.dropped,
         )
         yield CounterMetricFamily(
+            "kvroute_stream_refused_clients",
+            "stream clients refused with 503 because --stream-max-clients were connected",
+            value=hub.refused,
+        )
+        yield CounterMetricFamily(
             "kvroute_stream_summaries",
             "dashboard summaries computed (one per tick while clients listen)",
             value=hub.computations,

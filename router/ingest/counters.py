@@ -1,4 +1,5 @@
-"""Ingest counters: plain ints the metrics collector exports as ``kvroute_ingest_*``."""
+"""Ingest counters: plain ints the metrics collector exports as ``kvroute_ingest_*``
+(``IngestCounters``) and per worker (``WorkerCounters``)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,22 @@ class IngestCounters(CounterSet):
     worker_clears: int = 0  # clear_worker calls (resyncs)
     batches_skipped: int = 0  # batches the index had applied already (seq guard)
     reannounced_blocks: int = 0  # kv_cache_report_mode "full" re-announcements (no copy)
+
+
+@dataclass
+class WorkerCounters(CounterSet):
+    """Plain ints, read by the metrics collector and ``/v1/workers``."""
+
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replay_failures: int = 0
+    resyncs: int = 0
+    decode_errors: int = 0
+    duplicates: int = 0
+    ingest_retries: int = 0
+    ingest_errors: int = 0
+    tail_checks: int = 0  # idle-time replay asks for frames lost at the tail
+    replay_overflows: int = 0
+    task_restarts: int = 0

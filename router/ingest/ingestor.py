@@ -21,7 +21,6 @@ the transport can retry the batch.
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +41,10 @@ from router.index.base import (
 )
 from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
+from router.ingest.learning import block_size as _size
+from router.ingest.learning import learn_group, learn_unit
+from router.logging_setup import event_extra
+from router.ratelimited_log import RateLimitedLog
 from schemas import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -50,7 +53,7 @@ from schemas import (
     KVEventBatch,
     normalise_medium,
 )
-from schemas.hit_rule import FULL_KINDS, MAMBA_KINDS
+from schemas.hit_rule import FULL_KINDS
 from schemas.rest import GroupInfo
 
 log = logging.getLogger(__name__)
@@ -80,7 +83,9 @@ class Ingestor:
         # Per worker, the token ranges of recent stores with their unit keys: where a
         # parent no event named is found by its tokens (``KeyPlanner._locate``).
         self._recent: dict[str, deque[tuple[Any, list[BlockKey]]]] = {}
-        self._warned: set[str] = set()
+        # Bad input repeats for as long as its cause lasts: the first few per reason,
+        # then one line a minute with the count suppressed meanwhile.
+        self._limited = RateLimitedLog(log)
 
     # -- worker lifecycle -------------------------------------------------------------
 
@@ -151,9 +156,13 @@ class Ingestor:
 
     def _bad(self, why: str) -> None:
         self.counters.bad_events += 1
-        if why not in self._warned:
-            self._warned.add(why)
-            log.warning("skipping bad KV event: %s (counted in bad_events; logged once)", why)
+        self._limited.warning(
+            ("bad_event", why),
+            "skipping bad KV event: %s (%d bad events so far)",
+            why,
+            self.counters.bad_events,
+            extra=event_extra("bad_event"),
+        )
 
     def _group(self, group_idx: object) -> int | None:
         """The event's group (absent = 0), or None for a value no engine sends."""
@@ -166,60 +175,12 @@ class Ingestor:
         return group_idx
 
     def _learn(self, state: WorkerState, g: int, ev: BlockStored) -> GroupMeta | None:
-        """The group's metadata after this store. Its block size is the largest a store
-        showed: a smaller one is a partial entry (vLLM stores the prompt's tail inside a
-        larger block at the hash unit), never a new model (that comes with a clear)."""
-        bs = _size(ev.block_size)
-        if bs is None:
-            if self.default_block_size is None:
-                return None
-            bs = self.default_block_size
-        old = state.groups.get(g)
-        kind = ev.kv_cache_spec_kind or (old.kind if old is not None else self.default_kind)
-        window = ev.kv_cache_spec_sliding_window
-        if window is None and old is not None and old.kind == kind:
-            window = old.sliding_window
-        size = bs if old is None else max(old.block_size, bs)
-        unit = state.hash_unit
-        if state.settings.partial_hash_hits and kind in MAMBA_KINDS and unit and size > unit:
-            # vLLM's partial-hash hits: mamba states are looked up at every hash unit
-            # (block or partial entry), so the group is indexed and scored at the unit.
-            size = unit
-        if (
-            old is not None
-            and old.kind == kind
-            and old.block_size == size
-            and old.sliding_window == window
-        ):
-            return old
-        if old is not None:
-            self.counters.group_changes += 1
-        meta = state.groups[g] = GroupMeta(kind, size, window)
-        return meta
+        return learn_group(state, g, ev, self.default_kind, self.default_block_size, self.counters)
 
     def _learn_unit(
         self, state: WorkerState, batch: KVEventBatch, ops: list[Op], known: dict
     ) -> None:
-        """The hash unit: registered, else the gcd of every block size seen. A unit that
-        shrinks voids the keys chained so far (counted; register ``hash_block_size``).
-        Clears keep it: relearning it after each would void keys again and again."""
-        if state.settings.hash_block_size is not None:
-            state.hash_unit = state.settings.hash_block_size
-            return
-        unit = state.hash_unit or 0
-        for ev in batch.events:
-            if isinstance(ev, BlockStored):
-                bs = _size(ev.block_size) or self.default_block_size
-                if bs is not None:
-                    unit = math.gcd(unit, bs)
-        if unit == 0 or unit == state.hash_unit:
-            return
-        if state.hash_unit is not None:
-            self.counters.hash_unit_changes += 1
-            ops.append(ClearOp())
-            known.clear()
-            state.hash_mode = "unknown"
-        state.hash_unit = unit
+        learn_unit(state, batch, ops, known, self.default_block_size, self.counters)
 
     async def apply_batch(
         self, worker_id: str, batch: KVEventBatch, marks: Sequence[SeqMark] = ()
@@ -409,10 +370,3 @@ class Ingestor:
             ops.append(StoreOp(g, bit, keyed.hashes, keyed.keys))
         if keyed.algo_checked and state.hash_mode == "unknown":
             state.hash_mode = keyed.algo_checked
-
-
-def _size(value: object) -> int | None:
-    """A positive int block size, or None."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return None
-    return value

@@ -22,6 +22,7 @@ import zmq.asyncio
 from router.config import RouterSettings, WorkerSpec
 from router.ingest.subscription import WorkerSubscription
 from router.netutil import bind_endpoint
+from router.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class TopicListener:
         self._sock.setsockopt(zmq.RCVHWM, settings.sub_hwm)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
         bind_endpoint(self._sock, self.endpoint)
-        self._warned: set[bytes] = set()
+        self._limited = RateLimitedLog(log)  # keys bounded by RateLimitedLog.max_keys
 
     async def run(self) -> None:
         try:
@@ -97,9 +98,12 @@ class TopicListener:
         if parsed is None:
             self.unknown_topics += 1
             topic = frames[0][:64] if frames else b""
-            if topic not in self._warned and len(self._warned) < 100:
-                self._warned.add(topic)
-                log.warning("listener: frame with unusable topic %r (counted)", topic)
+            self._limited.warning(
+                ("topic", topic),
+                "listener: frame with unusable topic %r (%d so far)",
+                topic,
+                self.unknown_topics,
+            )
             return
         worker_id, model = parsed
         sub = self._lookup(worker_id)

@@ -168,6 +168,9 @@ class RecoveryMixin:
         cannot fill, so the worker is cleared and rebuilt from the buffer instead.
         """
         self.syncing = not quiet  # a catch-up after connecting is not a resync
+        # Nothing applied yet (a router that just started on an empty index, or one that
+        # joined mid-stream): a replay from 0 is the whole history we will ever have.
+        fresh = start == 0 and self._seq.top_seq is None
         try:
             if clear_first:
                 await self._clear(why)
@@ -176,7 +179,16 @@ class RecoveryMixin:
                 first = frames[0].seq if frames else None
                 await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
                 clear_first = True
-            if clear_first:
+            if fresh and frames and frames[0].seq > 0 and not self.partial_history:
+                log.warning(
+                    "worker %s: its publisher's buffer starts at seq %d, history before it "
+                    "is unknown; estimates are lower bounds until the engine clears its cache",
+                    self.worker_id,
+                    frames[0].seq,
+                    extra=self._event("partial_history", seq=frames[0].seq),
+                )
+                self.partial_history = True
+            elif clear_first:
                 # Rebuilt from the buffer: complete only if it reaches back to seq 0.
                 self.partial_history = bool(frames) and frames[0].seq > 0
             await self._apply_replayed(frames)

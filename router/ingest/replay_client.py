@@ -7,6 +7,10 @@ publisher answers ``[b"", topic, seq, payload]`` per buffered batch with
 Why a fresh DEALER per request: a timed-out request may still be answered later, and a
 socket of its own guarantees those late frames can never be mistaken for the answer to
 the next request. Replays are rare (a gap, a restart), so one connect each costs nothing.
+
+One client for the router (``request_replay``, asyncio) and ``kvroute tail``
+(``request_replay_sync``, a thin caller running the same coroutine), so the protocol's
+checks and bounds live in one place.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -28,7 +33,18 @@ DEFAULT_MAX_BYTES = 256 << 20
 
 
 class ReplayFailed(Exception):
-    """No complete answer: timeout, a socket error, or a peer off the protocol."""
+    """No complete answer: timeout, a socket error, or a peer off the protocol.
+
+    ``frames`` and ``malformed`` hold what arrived before the failure (a debugging tool
+    shows them; the router discards them, as an incomplete answer proves nothing).
+    """
+
+    def __init__(
+        self, message: str, frames: list[ReplayFrame] | None = None, malformed: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.frames: list[ReplayFrame] = frames if frames is not None else []
+        self.malformed = malformed
 
 
 class ReplayTooLarge(ReplayFailed):
@@ -80,7 +96,7 @@ async def request_replay(
                 reply = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
             except TimeoutError:
                 raise ReplayFailed(
-                    f"replay from {endpoint}: no reply within {timeout_s:.1f}s"
+                    f"replay from {endpoint}: no reply within {timeout_s:g}s", frames, malformed
                 ) from None
             if len(reply) == 4 and reply[0] == b"" and reply[2] == REPLAY_END_SEQ:
                 return frames, malformed
@@ -91,11 +107,38 @@ async def request_replay(
             if len(frames) >= max_frames or kept > max_bytes:
                 raise ReplayTooLarge(
                     f"replay from {endpoint}: answer exceeds {max_frames} frames or "
-                    f"{max_bytes} bytes; dropped"
+                    f"{max_bytes} bytes; dropped",
+                    frames,
+                    malformed,
                 )
             frames.append(ReplayFrame(int.from_bytes(reply[2], "big"), reply[1], reply[3]))
     except zmq.ZMQError as exc:
-        raise ReplayFailed(f"replay from {endpoint}: {exc}") from None
+        raise ReplayFailed(f"replay from {endpoint}: {exc}", frames, malformed) from None
     finally:
         if sock is not None:
             sock.close(linger=0)
+
+
+def request_replay_sync(
+    ctx: zmq.Context[Any],
+    endpoint: str,
+    start_seq: int,
+    *,
+    timeout_s: float,
+    max_frames: int = DEFAULT_MAX_FRAMES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> tuple[list[ReplayFrame], int]:
+    """``request_replay`` for a synchronous caller (``kvroute tail``), on ``ctx``'s
+    sockets: the same coroutine, run on a private event loop. Not for use inside a
+    running loop."""
+    actx = zmq.asyncio.Context.shadow(ctx.underlying)
+    return asyncio.run(
+        request_replay(
+            actx,
+            endpoint,
+            start_seq,
+            timeout_s=timeout_s,
+            max_frames=max_frames,
+            max_bytes=max_bytes,
+        )
+    )

@@ -27,7 +27,6 @@ import contextlib
 import logging
 import time
 import zlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import zmq
@@ -35,20 +34,15 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from router.config import RouterSettings, WorkerSpec
+from router.ingest.counters import WorkerCounters
 from router.ingest.recovery import REPAIR_FIRST_S, RecoveryMixin
 from router.ingest.sequencing import SeqTracker, Verdict
+from router.ingest.sub_socket import open_worker_sockets, silent_hint
 from router.ingest.writer import IndexWriter
 from router.logging_setup import event_extra
-from router.netutil import (
-    InvalidEndpoint,
-    bind_endpoint,
-    close_monitored,
-    connect_endpoint,
-    open_monitor,
-)
+from router.netutil import close_monitored
 from router.ratelimited_log import RateLimitedLog
 from schemas import AllBlocksCleared, DecodeError, DecodeStats, KVEventBatch, decode_batch
-from schemas.counters import CounterSet
 
 if TYPE_CHECKING:
     from router.ingest.ingestor import Ingestor
@@ -65,25 +59,6 @@ CATCH_UP_DELAY_S = 0.15
 # Back-off between restarts of a failed subscription task.
 _RESTART_MIN_S = 0.1
 _RESTART_MAX_S = 5.0
-
-
-@dataclass
-class WorkerCounters(CounterSet):
-    """Plain ints, read by the metrics collector and ``/v1/workers``."""
-
-    batches: int = 0
-    events: int = 0
-    gaps: int = 0
-    replays: int = 0
-    replay_failures: int = 0
-    resyncs: int = 0
-    decode_errors: int = 0
-    duplicates: int = 0
-    ingest_retries: int = 0
-    ingest_errors: int = 0
-    tail_checks: int = 0  # idle-time replay asks for frames lost at the tail
-    replay_overflows: int = 0
-    task_restarts: int = 0
 
 
 class WorkerSubscription(RecoveryMixin):
@@ -127,33 +102,7 @@ class WorkerSubscription(RecoveryMixin):
     def _open_sockets(
         self, spec: WorkerSpec, ctx: zmq.asyncio.Context, settings: RouterSettings
     ) -> None:
-        """The SUB (connected, or bound with ``bind``), its monitor and a blocking twin;
-        raises ``InvalidEndpoint`` (or ``ZMQError`` when the context is out of sockets)
-        without leaking what it opened."""
-        sub: zmq.asyncio.Socket | None = None
-        monitor: zmq.asyncio.Socket | None = None
-        try:
-            sub = ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
-            sub.setsockopt(zmq.RECONNECT_IVL, 100)
-            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-            sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
-            monitor = open_monitor(ctx, sub)
-            if spec.bind:
-                bind_endpoint(sub, spec.endpoint)
-            else:
-                connect_endpoint(sub, spec.endpoint)
-            if spec.replay_endpoint is not None:
-                probe = ctx.socket(zmq.DEALER)
-                try:
-                    connect_endpoint(probe, spec.replay_endpoint)
-                finally:
-                    probe.close(linger=0)
-        except (InvalidEndpoint, zmq.ZMQError):
-            close_monitored(sub, monitor)
-            raise
-        self._sub, self._monitor = sub, monitor
+        self._sub, self._monitor = open_worker_sockets(spec, ctx, settings)
         # A blocking twin of the same socket: draining a backlog without one future per
         # frame is several times faster, and both see one queue.
         self._shadow = zmq.Socket.shadow(self._sub.underlying)
@@ -186,16 +135,7 @@ class WorkerSubscription(RecoveryMixin):
         if self._silent_logged or not self.silent:
             return
         self._silent_logged = True
-        ep = self.spec.endpoint
-        if self.spec.bind:
-            hint = "is the engine's endpoint pointed at this router?"
-        elif ep.startswith("tcp://") and not ep.startswith(("tcp://*", "tcp://[::]")):
-            hint = (
-                "is the engine up? If it was given this tcp://host:port too, it connects "
-                "(vLLM binds only for * / :: / ipc): register with bind=true"
-            )
-        else:
-            hint = "is the engine up and publishing there?"
+        hint = silent_hint(self.spec)
         log.warning(
             "worker %s: no events %.0f s after registration (state %s, endpoint %s, topic %r); %s",
             self.worker_id,

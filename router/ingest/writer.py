@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from router.config import RouterSettings
 from router.index.base import IndexUnavailable
 from router.logging_setup import event_extra
+from router.ratelimited_log import RateLimitedLog
 from schemas import KVEventBatch
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class IndexRetry:
         self.retrying_since: float | None = None
         self._initial = settings.ingest_retry_initial_s
         self._max = settings.ingest_retry_max_s
+        self._limited = RateLimitedLog(log)
 
     def lag_seconds(self) -> float:
         """How long the call in progress has waited for the index (0 when none)."""
@@ -85,8 +87,13 @@ class IndexRetry:
                 continue
             except Exception:
                 self.counters.ingest_errors += 1
-                if self.counters.ingest_errors == 1:
-                    log.exception("worker %s: ingest failed; batch skipped", self.worker_id)
+                self._limited.exception(
+                    "ingest_failed",
+                    "worker %s: index write failed (%d so far); the worker will be rebuilt",
+                    self.worker_id,
+                    self.counters.ingest_errors,
+                    extra=event_extra("ingest_failed", worker=self.worker_id),
+                )
                 self.retrying_since = None
                 return False
             if self.retrying_since is not None:

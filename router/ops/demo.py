@@ -1,13 +1,13 @@
 """``kvroute demo``: real engines, the real router, a workload, one table per policy.
 
-Starts N ``kvroute engine`` processes (hybrid full + sliding-window model, CPU offloading
-on, the shipped ``kvroute-tiny`` tokenizer) and the router in this process (in-memory
-index, uvicorn on a free port), then for each policy: resets the engines' caches and
-replays the workload as text prompts through the router's OpenAI proxy with the official
-``openai`` client (``x-kvroute-policy`` picks the policy), and measures on the engines'
-own answers: prefix hit rate (``usage.prompt_tokens_details.cached_tokens``), prefill
-tokens saved, load imbalance, and how often the router's estimate (``x-kvroute-hit-tokens``)
-equalled the engine's ``cached_tokens``.
+Starts N ``kvroute engine`` processes (``router.ops.demo_fleet``; hybrid full +
+sliding-window model, CPU offloading on, the shipped ``kvroute-tiny`` tokenizer) and the
+router in this process (in-memory index, uvicorn on a free port), then for each policy:
+resets the engines' caches and replays the workload as text prompts through the router's
+OpenAI proxy with the official ``openai`` client (``x-kvroute-policy`` picks the policy),
+and measures on the engines' own answers: prefix hit rate
+(``usage.prompt_tokens_details.cached_tokens``), prefill tokens saved, load imbalance, and
+how often the router's estimate (``x-kvroute-hit-tokens``) equalled the engine's ``cached_tokens``.
 
 Lossless by construction: after each completion the demo waits until the router has
 applied the engine's latest event batch (its ``last_seq``), so every estimate is made on
@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import heapq
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,34 +37,20 @@ import httpx
 from router.bench.report import demo_chart, demo_table
 from router.bench.sim import CostModel
 from router.bench.workloads import MooncakeTrace, Request, SyntheticConfig, synthetic_workload
-from router.netutil import free_ports, listen_socket
+from router.ops.demo_fleet import (
+    MODEL,
+    TOKENIZER,
+    Engine,
+    start_engines,
+    start_router,
+    stop_engines,
+    wait_healthy,
+    wait_synced,
+)
 from router.routing.policy import POLICY_NAMES
 from router.routing.state import RoutingConfig
 
 DEFAULT_POLICIES = ("kv_aware", "round_robin", "least_loaded", "longest_prefix")
-TOKENIZER = Path(__file__).resolve().parents[1] / "proxy" / "data" / "tiny"
-MODEL = "kvroute-sim"
-SYNC_TIMEOUT_S = 10.0
-
-
-@dataclass
-class Engine:
-    worker_id: str
-    port: int
-    pub_port: int
-    replay_port: int
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def spec(self) -> str:
-        return (
-            f"{self.worker_id}=tcp://127.0.0.1:{self.pub_port},"
-            f"replay=tcp://127.0.0.1:{self.replay_port},http={self.url}"
-        )
 
 
 @dataclass
@@ -106,116 +90,6 @@ class PolicyRun:
             "wall_s": round(self.wall_s, 2),
             "tokens_by_worker": dict(self.tokens_by_worker),
         }
-
-
-# ---------------------------------------------------------------------- engines
-def start_engines(args: argparse.Namespace, logdir: Path) -> list[Engine]:
-    ports = free_ports(3 * args.workers)
-    engines = []
-    for i in range(args.workers):
-        e = Engine(f"engine-{i}", *ports[3 * i : 3 * i + 3], logdir / f"engine-{i}.log")
-        cmd = [
-            sys.executable, "-m", "router.cli", "engine",
-            "--host", "127.0.0.1", "--port", str(e.port), "--worker-id", e.worker_id,
-            # "*" makes the publisher bind (vLLM's rule: a concrete host means connect);
-            # the replay ROUTER always binds, so it stays on loopback.
-            "--publish", f"tcp://*:{e.pub_port}",
-            "--replay", f"tcp://127.0.0.1:{e.replay_port}",
-            "--gpu-blocks", str(args.gpu_blocks), "--cpu-blocks", str(args.cpu_blocks),
-            "--groups", args.groups, "--log-level", "warning",
-            "--tokenizer", str(TOKENIZER), "--served-model-name", MODEL,
-        ]  # fmt: skip
-        with e.log_path.open("wb") as log:
-            e.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        engines.append(e)
-    return engines
-
-
-def stop_engines(engines: Sequence[Engine]) -> None:
-    for e in engines:
-        if e.proc is not None and e.proc.poll() is None:
-            e.proc.terminate()
-    for e in engines:
-        if e.proc is None:
-            continue
-        try:
-            e.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            e.proc.kill()
-            e.proc.wait(timeout=10)
-
-
-async def wait_healthy(
-    client: httpx.AsyncClient, engines: Sequence[Engine], timeout: float
-) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(engines)
-    while pending:
-        for e in list(pending):
-            if e.proc is not None and e.proc.poll() is not None:
-                tail = e.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{e.worker_id} exited ({e.proc.returncode}):\n{tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get(f"{e.url}/health", timeout=1)).status_code == 200:
-                    pending.remove(e)
-        if pending and time.monotonic() > deadline:
-            raise RuntimeError(
-                f"engines not healthy after {timeout}s: {[e.worker_id for e in pending]}"
-            )
-        await asyncio.sleep(0.1)
-
-
-# ----------------------------------------------------------------------- router
-@contextlib.asynccontextmanager
-async def start_router(engines: Sequence[Engine]) -> Any:
-    """The router in this process and event loop: (service, base URL)."""
-    import uvicorn
-
-    from router.config import RouterSettings, parse_worker_spec
-    from router.http.app import create_app
-    from router.service import RouterService
-
-    settings = RouterSettings(
-        workers=[parse_worker_spec(e.spec()) for e in engines],
-        tokenizers={"*": str(TOKENIZER)},
-        health_interval_s=0.25,
-    )
-    service = RouterService(settings)
-    app = create_app(service)
-    sock = listen_socket()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("the router did not start")
-            await asyncio.sleep(0.02)
-        deadline = time.monotonic() + 60
-        while any(service.proxy.health.why_not_live(e.worker_id) for e in engines):
-            if time.monotonic() > deadline:
-                why = {e.worker_id: service.proxy.health.why_not_live(e.worker_id) for e in engines}
-                raise RuntimeError(f"workers not live in the proxy: {why}")
-            await asyncio.sleep(0.05)
-        yield service, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 15)
-        sock.close()
-
-
-async def wait_synced(service: Any, worker_id: str, batches: int) -> bool:
-    """Wait until the router applied the engine's ``batches``-th batch (seq batches-1)."""
-    deadline = time.monotonic() + SYNC_TIMEOUT_S
-    while True:
-        sub = service.subscriptions.get(worker_id)
-        if batches == 0 or max(sub.last_seq.values(), default=-1) >= batches - 1:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.0005)
 
 
 # ----------------------------------------------------------------------- replay

@@ -19,8 +19,8 @@ from typing import Any
 import zmq
 from rich.console import Console
 
+from router.ingest.replay_client import ReplayFailed, request_replay_sync
 from router.ops.tail_print import Frame, Printer
-from schemas import REPLAY_END_SEQ
 
 
 @dataclass
@@ -49,34 +49,26 @@ def parse_live(parts: list[bytes]) -> Frame | str:
 def fetch_replay(ctx: zmq.Context[Any], endpoint: str, start_seq: int, timeout_s: float) -> list:
     """Ask a replay ROUTER for every buffered batch ``seq >= start_seq`` (until its end marker).
 
-    Returns frames, plus error strings for malformed replies; an unreachable or silent
-    endpoint yields a single error after ``timeout_s``.
+    The router's replay client does the asking (``request_replay_sync``). Returns frames,
+    then one error string for malformed replies and one for a failure (a silent endpoint
+    after ``timeout_s``); frames that arrived before a failure are kept, for display.
     """
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    out: list[Frame | str] = []
+    error: str | None = None
     try:
-        sock.connect(subscriber_endpoint(endpoint))
-        sock.send_multipart([b"", start_seq.to_bytes(8, "big")])
-        while True:
-            if not sock.poll(int(timeout_s * 1000)):
-                out.append(f"replay from {endpoint} timed out after {timeout_s:g}s")
-                return out
-            parts = sock.recv_multipart()
-            if len(parts) != 4 or parts[0] != b"":
-                out.append(f"malformed replay reply ({len(parts)} frames)")
-                continue
-            _, topic, seq, payload = parts
-            if len(seq) != 8:
-                out.append(f"replay seq frame must be 8 bytes, got {len(seq)}")
-                continue
-            if seq == REPLAY_END_SEQ and not payload:
-                return out
-            out.append(
-                Frame(topic.decode("utf-8", "replace"), int.from_bytes(seq, "big"), payload, True)
-            )
-    finally:
-        sock.close()
+        frames, malformed = request_replay_sync(
+            ctx, subscriber_endpoint(endpoint), start_seq, timeout_s=timeout_s
+        )
+    except ReplayFailed as exc:
+        frames, malformed = exc.frames, exc.malformed
+        error = str(exc).replace("no reply within", "timed out after")
+    out: list[Frame | str] = [
+        Frame(f.topic.decode("utf-8", "replace"), f.seq, f.payload, True) for f in frames
+    ]
+    if malformed:
+        out.append(f"{malformed} malformed replay replies skipped")
+    if error is not None:
+        out.append(error)
+    return out
 
 
 class Tail:

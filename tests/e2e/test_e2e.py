@@ -202,7 +202,14 @@ def engine_proc(tmp_path: Path) -> Iterator[dict[str, Any]]:
     http, pub, rep = free_port(), free_port(), free_port()
     log = open(tmp_path / "engine.log", "wb")  # noqa: SIM115 - closed below
     args = [sys.executable, "-m", "router.cli", "engine", "--port", str(http)]
-    args += ["--worker-id", "eng0", "--publish", f"tcp://*:{pub}", "--replay", f"tcp://*:{rep}"]
+    args += [
+        "--worker-id",
+        "eng0",
+        "--publish",
+        f"tcp://127.0.0.1:{pub}",
+        "--replay",
+        f"tcp://127.0.0.1:{rep}",
+    ]
     args += ["--gpu-blocks", "24", "--cpu-blocks", "24", "--groups", "full:16,swa:16:48"]
     args += ["--device", "cpu", "--log-level", "warning"]
     proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log)

@@ -203,7 +203,7 @@ def test_kvroute_engine_process_serves_and_publishes() -> None:
     cmd = [
         sys.executable, "-m", "router.cli", "engine",
         "--port", str(http), "--worker-id", "e1",
-        "--publish", f"tcp://*:{pub_port}", "--replay", f"tcp://*:{replay_port}",
+        "--publish", f"tcp://127.0.0.1:{pub_port}", "--replay", f"tcp://127.0.0.1:{replay_port}",
         "--gpu-blocks", "32", "--cpu-blocks", "0", "--groups", "full:4,swa:4:8",
         "--hash", "sha256_cbor",
     ]  # fmt: skip

@@ -206,9 +206,15 @@ async def test_failing_summary_is_logged_rate_limited_and_stream_recovers(
 
 
 async def test_max_clients():
+    """The limit is enforced and every refusal counted (``kvroute_stream_refused_clients``)."""
     hub = StreamHub(Counting(), period_s=30.0, max_clients=2)
+    a = hub.subscribe()
     hub.subscribe()
+    for _ in range(3):
+        with pytest.raises(TooManyClients):
+            hub.subscribe()
+    assert (hub.clients, hub.refused) == (2, 3)
+    hub.unsubscribe(a)  # a slot freed is a slot to take
     hub.subscribe()
-    with pytest.raises(TooManyClients):
-        hub.subscribe()
+    assert hub.refused == 3
     await hub.close()

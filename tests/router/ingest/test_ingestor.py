@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,60 @@ async def test_clear_worker_resets_hash_mode_and_keeps_groups(harness: Harness) 
     state = await harness.index.load_worker("w")
     assert isinstance(state, WorkerState) and state.hash_mode == "unknown"
     assert harness.ingestor.counters.worker_clears == 1
+
+
+def _pairs() -> list[tuple[str, list[BlockStored], list[int]]]:
+    """Event pairs whose outcome once depended on sharing a batch (issue 14, item 3):
+    the first pass resolved parents under the raw ``block_size``, the second under the
+    learned or default one. (A size *below* the learned hash unit is different by design:
+    it voids the keys chained so far, counted in ``hash_unit_changes``.)"""
+    src = EventSource("foreign")
+    toks = tokens(8 * 16 + 3, seed=5)
+    zero = src.store(toks, 16, 2, 4)
+    zero.block_size = 0  # size left out: the default (16) applies, in every pass
+    return [
+        ("parent then child", [src.store(toks, 16, 0, 2), src.store(toks, 16, 2, 4)], toks),
+        ("child of a size-less store", [src.store(toks, 16, 0, 2), zero], toks),
+        (
+            "a larger size over the same tokens",
+            [src.store(toks, 16, 0, 4), src.store(toks, 32, 0, 2)],
+            toks,
+        ),
+        (
+            "a partial entry then the block",
+            [src.store(toks, 8, 0, 2), src.store(toks, 16, 0, 2)],
+            toks,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+async def test_one_batch_or_two_give_the_same_index(case: int) -> None:
+    """One effective block size per event: the same events in one batch or in two
+    batches leave the same entries and the same hits."""
+    name, events, toks = _pairs()[case]
+    one = Harness.build(make_index("memory"), default_block_size=16)
+    two = Harness.build(make_index("memory"), default_block_size=16)
+    await one.ingestor.apply_batch("w", KVEventBatch(1.0, list(events), 0))
+    for ev in events:
+        await two.ingestor.apply_batch("w", KVEventBatch(1.0, [ev], 0))
+    assert await one.ingestor.worker_groups("w") == await two.ingestor.worker_groups("w"), name
+    for n in range(1, len(toks) + 1, 7):
+        assert (await one.one(toks[:n], "w")).hit_tokens == (
+            await two.one(toks[:n], "w")
+        ).hit_tokens, (name, n)
+    assert one.ingestor.counters.unknown_parent == two.ingestor.counters.unknown_parent
+
+
+async def test_bad_events_keep_being_logged(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 14 item 10: not "logged once per process" -- each of the first few bad
+    events of a kind is logged with the running count, then one line a minute."""
+    caplog.set_level(logging.WARNING, logger="router.ingest.ingestor")
+    src = EventSource("foreign")
+    for i in range(3):
+        ev = src.store(tokens(32, seed=i), 16, 0, 2, medium="NVMe-over-pigeon")
+        await harness.feed("w", ev)
+    lines = [r.getMessage() for r in caplog.records if "bad KV event" in r.getMessage()]
+    assert len(lines) == 3 and "(3 bad events so far)" in lines[2], lines

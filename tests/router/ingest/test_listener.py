@@ -128,3 +128,26 @@ async def test_one_listener_for_a_fleet_that_connects() -> None:
         for pub in pubs:
             pub.shutdown()
         await svc.stop()
+
+
+async def test_wrong_topic_is_reported_silent(service: RouterService) -> None:
+    """Registered with a topic the engine does not publish: connected, yet every frame
+    is filtered out by the SUB socket. Shown as ``silent`` instead of a quiet worker."""
+    pub = ZmqEventPublisher("tcp://127.0.0.1:*", topic="kv@engine-a")
+    try:
+        assert pub.bound_endpoint is not None
+        spec = WorkerSpec(worker_id="w", endpoint=pub.bound_endpoint, topic="kv@engine-b")
+        await service.add_worker(spec)
+        sub = service.subscriptions.get("w")
+        assert sub is not None
+        await wait_until(lambda: sub.connected, "connected")
+
+        async def silent() -> bool:
+            pub.publish(_store(1))  # keeps publishing; none of it matches the topic
+            return (await service.worker_info("w")).silent
+
+        await wait_until(silent, "worker flagged silent")
+        info = await service.worker_info("w")
+        assert info.state == "connected" and info.events == 0
+    finally:
+        pub.shutdown()

@@ -6,6 +6,9 @@ keeps the worker's key set, so the APPLY script fails with WRONGTYPE (not an out
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 import redis
 from _helpers import FakeEngine, batch, hits, store_chain, wait_until
 
@@ -15,8 +18,9 @@ from router.service import RouterService
 
 
 async def test_a_failed_write_is_not_applied_and_the_worker_is_rebuilt(
-    redis_url: str, engine: FakeEngine
+    redis_url: str, engine: FakeEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="router.ingest.writer")
     svc = RouterService(RouterSettings(index="redis", redis_url=redis_url, replay_timeout_s=2))
     await svc.start()
     try:
@@ -34,6 +38,10 @@ async def test_a_failed_write_is_not_applied_and_the_worker_is_rebuilt(
         await engine.publish(batch(store_chain(1)))
         await wait_until(lambda: sub.counters.ingest_errors >= 1, what="the failed write")
         await wait_until(lambda: sub.faulted, what="the worker marked faulted")
+        # Repeated failures stay visible (not "logged once per process"), with a count.
+        await wait_until(lambda: sub.counters.ingest_errors >= 2, what="a failed repair")
+        failed = [r.getMessage() for r in caplog.records if "so far); the worker" in r.getMessage()]
+        assert len(failed) >= 2 and "(2 so far)" in failed[1], failed
         assert (await svc.worker_info("w0")).faulted
         # Repairs fail while the key stays wrong (with backoff), chain 1 is not indexed.
         assert await hits(svc, "w0", 1) == 0
