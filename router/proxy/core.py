@@ -20,6 +20,7 @@ from router.config import RouterSettings
 from router.index import IndexUnavailable
 from router.proxy.health import HealthMonitor
 from router.proxy.metrics import ProxyCounters
+from router.proxy.upstream import UpstreamPool
 from router.routing.state import Decision, RoutingCore
 from router.service import RouterService
 from schemas.tokenization import TokenizerRegistry, completion_tokens
@@ -65,7 +66,12 @@ class Proxy:
         s = service.settings
         self.service = service
         self.settings = s
-        self.client = make_client(s)
+        self.client = make_client(s)  # health checks, /tokenize pass-through
+        self.upstream = UpstreamPool(  # the forwarding hot path (router/proxy/upstream.py)
+            connect_timeout=s.proxy_connect_timeout_s,
+            read_timeout=s.proxy_timeout_s,
+            max_idle_per_host=s.proxy_max_connections,
+        )
         self.tokenizers = TokenizerRegistry(s.tokenizers)
         self.tokenizers.load_all()  # a bad path fails at start-up, not on a request
         self.counters = ProxyCounters()
@@ -163,4 +169,5 @@ class Proxy:
         return url.rstrip("/")
 
     async def close(self) -> None:
+        self.upstream.close()
         await self.client.aclose()
