@@ -10,7 +10,11 @@ Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
   ``BlockStored``; the answer is a one-token completion whose
   ``usage.prompt_tokens_details.cached_tokens`` counts the leading blocks it already held
   (text prompts are answered without caching). ``"stream": true`` gets the same as two
-  SSE events.
+  SSE events;
+* ``POST /fault`` (tests): ``{"completions_status": 503}`` answers completions with that
+  status (the blocks are still stored and published: a worker whose cache holds the
+  prompt but whose HTTP fails), ``{"health_status": 500}`` fails ``/health``,
+  ``{"close_events": true}`` closes its KV event stream.
 
 No model, no scheduler: the point is a fleet that answers in tens of microseconds, so what
 a benchmark measures is the router. Run: ``python benchmarks/light_engines.py --ports
@@ -49,6 +53,8 @@ class LightEngine:
         )
         self.stored: dict[bytes, None] = {}  # insertion-ordered: evict the oldest
         self.capacity = 4096
+        self.completions_status = 200
+        self.health_status = 200
 
     def complete(self, body: dict) -> bytes:
         prompt = body.get("prompt")
@@ -100,6 +106,13 @@ class LightEngine:
             }
         )
 
+    def fault(self, body: dict) -> bytes:
+        self.completions_status = int(body.get("completions_status", self.completions_status))
+        self.health_status = int(body.get("health_status", self.health_status))
+        if body.get("close_events"):
+            self.publisher.shutdown(0.2)
+        return b"{}"
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -111,22 +124,27 @@ class LightEngine:
                     if h[:15].lower() == b"content-length:":
                         length = int(h[15:])
                 raw = await reader.readexactly(length) if length else b""
-                ctype = b"application/json"
+                ctype, status = b"application/json", 200
                 if path == b"/health":
-                    out = b"{}"
+                    out, status = b"{}", self.health_status
+                elif method == b"POST" and path == b"/fault":
+                    out = self.fault(_decode.decode(raw))
                 elif path == b"/v1/models":
                     out = _encode.encode({"object": "list", "data": [{"id": MODEL}]})
                 elif method == b"POST" and path == b"/v1/completions":
                     body = _decode.decode(raw)
                     out = self.complete(body)
-                    if body.get("stream") is True:
+                    status = self.completions_status
+                    if status != 200:
+                        out = b'{"error": {"code": "fault", "message": "injected"}}'
+                    elif body.get("stream") is True:
                         ctype = b"text/event-stream"
                         out = b"data: " + out + b"\n\ndata: [DONE]\n\n"
                 else:
-                    out = b'{"error": "not found"}'
+                    out, status = b'{"error": "not found"}', 404
                 writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
-                    % (ctype, len(out), out)
+                    b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+                    % (status, ctype, len(out), out)
                 )
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass

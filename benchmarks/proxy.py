@@ -180,7 +180,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         engines, specs = start_fleet(args, tmp, procs)
-        kv_port, vr_port = free_ports(2)
+        kv_port, vr_port, vr_metrics = free_ports(3)
         procs.append(start([
             sys.executable, "-m", "router.cli", "serve", "--port", str(kv_port),
             "--tokenizer", str(TOKENIZER), "--log-level", "warning",
@@ -192,6 +192,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             procs.append(start([
                 binary, "--host", "127.0.0.1", "--port", str(vr_port),
                 "--worker-urls", *engines, "--policy", args.vllm_router_policy,
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(vr_metrics),
             ], tmp / "vllm-router.log"))  # fmt: skip
             urls["vllm-router"] = f"http://127.0.0.1:{vr_port}"
         for e in engines:

@@ -163,6 +163,31 @@ class Proxy:
     def finish(self, decision: Decision) -> None:
         self.core.finish(decision.request_id)
 
+    def worker_view(self, worker_id: str) -> dict[str, Any]:
+        """One worker as the proxy sees it (``/v1/workers``, ``/v1/proxy/workers``)."""
+        h = self.health.health(worker_id)
+        c = self.counters.worker(worker_id)
+        models = self.worker_models(worker_id)
+        why = self.health.why_not_live(worker_id)
+        return {
+            "live": why is None,
+            "why_not_live": why,
+            "http_endpoint": self.service.worker_spec(worker_id).http_endpoint,
+            "models": sorted(models) if models is not None else None,
+            "http_ok": h.http_ok,
+            "health_checks": h.checks,
+            "failed_checks": h.failed_checks,
+            "forward_failures": h.forward_failures,
+            "inflight": self.core.inflight_by_worker().get(worker_id, 0),
+            "routed": c.routed,
+            "retried_away": c.retried_away,
+            "upstream_errors": c.upstream_errors,
+            "estimated_hit_tokens": c.estimated_tokens,
+            "cached_tokens": c.cached_tokens,
+            "estimates_compared": c.compared,
+            "estimate_exact_share": self.counters.share(c.recent_exact),
+        }
+
     def endpoint(self, worker_id: str) -> str:
         url = self.service.worker_spec(worker_id).http_endpoint
         assert url is not None  # candidates() only returns workers with one

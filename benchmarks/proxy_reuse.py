@@ -1,0 +1,306 @@
+"""Cache reuse side by side: the same multi-turn workload, sent with concurrent official
+``openai`` clients through kvroute and through the peer routers, in front of the same
+``kvroute engine`` processes (their prefix caches reset between targets).
+
+Targets (each skipped with a message when its router is not installed):
+
+* ``kvroute`` -- ``kvroute serve`` (policy ``kv_aware``, its default) and, for reference,
+  ``kvroute round_robin`` (the same router, ``x-kvroute-policy: round_robin``);
+* ``vllm-router kv_aware`` -- vllm-router with ``--kv-event-source`` on the engines' PUB
+  sockets (and ``--kv-event-replay-source``), and ``vllm-router cache_aware``;
+* ``sglang-router cache_aware`` -- it rejects token-id prompts, so it gets the same
+  conversations as text (the tiny word-level tokenizer makes both the same token ids);
+* ``pinning`` -- each conversation sent straight to one engine (hash of its id), what a
+  sticky-session load balancer does.
+
+Reported per target, from the engines' own ``/stats`` (not the router's): hit rate
+(cached prompt tokens / prompt tokens), imbalance (most requests on one engine / the
+mean), p50/p99 request latency and added p50 over pinning (no router in the path).
+Routers come from ``.venv-peers/`` (``make bench-proxy-peers`` installs them).
+Run: ``python benchmarks/proxy_reuse.py [--conversations 48] [--turns 6] [--clients 8]
+[--json OUT]``. Loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+import openai
+from tokenizers import Tokenizer
+
+from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, start, wait_http, wait_live
+from router.netutil import free_ports
+
+PEERS = REPO / ".venv-peers"
+
+
+@dataclass
+class Conversation:
+    cid: int
+    turns: list[str]  # the prompt text of each turn (history included)
+
+
+def workload(args: argparse.Namespace) -> list[Conversation]:
+    """Conversations over a few shared system prompts; turn k's prompt is the history
+    (system, user and assistant turns) plus the new user turn, so it extends turn k-1's."""
+    vocab = [w for w in Tokenizer.from_file(str(TOKENIZER / "tokenizer.json")).get_vocab()]
+    words = sorted(w for w in vocab if w.isalpha())
+    rng = random.Random(args.seed)
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    systems = [text(args.system_words) for _ in range(args.systems)]
+    out = []
+    for cid in range(args.conversations):
+        history = systems[cid % args.systems]
+        turns = []
+        for _ in range(args.turns):
+            history += " " + text(args.user_words)
+            turns.append(history)
+            history += " " + text(args.assistant_words)  # the reply the client keeps
+        out.append(Conversation(cid, turns))
+    return out
+
+
+class Target:
+    def __init__(self, name: str, url: str, *, text: bool = False, policy: str | None = None):
+        self.name, self.url, self.text, self.policy = name, url, text, policy
+
+
+async def drive(
+    target: Target,
+    convs: list[Conversation],
+    encode: Any,
+    engines: list[str],
+    clients: int,
+) -> list[float]:
+    """Every conversation, turns in order, ``clients`` conversations at a time."""
+    queue: asyncio.Queue[Conversation] = asyncio.Queue()
+    for c in convs:
+        queue.put_nowait(c)
+    latencies: list[float] = []
+    headers = {"x-kvroute-policy": target.policy} if target.policy else None
+    pinned = target.name == "pinning"
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=clients * 2), timeout=60)
+    sdk: dict[str, openai.AsyncOpenAI] = {}
+
+    def client(base: str) -> openai.AsyncOpenAI:
+        if base not in sdk:
+            sdk[base] = openai.AsyncOpenAI(
+                base_url=f"{base}/v1", api_key="-", max_retries=0, http_client=http
+            )
+        return sdk[base]
+
+    async def one_client() -> None:
+        while not queue.empty():
+            conv = queue.get_nowait()
+            base = engines[zlib.crc32(b"%d" % conv.cid) % len(engines)] if pinned else target.url
+            for prompt in conv.turns:
+                t0 = time.perf_counter()
+                await client(base).completions.create(
+                    model=MODEL,
+                    prompt=prompt if target.text else encode(prompt),
+                    max_tokens=4,
+                    extra_headers=headers,
+                )
+                latencies.append(time.perf_counter() - t0)
+
+    try:
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+    finally:
+        await http.aclose()
+    return latencies
+
+
+async def engine_stats(c: httpx.AsyncClient, engines: list[str]) -> list[dict[str, Any]]:
+    return [(await c.get(f"{e}/stats")).json() for e in engines]
+
+
+async def reset(c: httpx.AsyncClient, engines: list[str], router: str) -> None:
+    for e in engines:
+        for _ in range(50):
+            r = await c.post(f"{e}/reset_prefix_cache")
+            if r.status_code == 200:
+                break
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)  # the routers' views take the clear event
+
+
+def start_peers(
+    engines: list[str], pubs: list[int], replays: list[int], tmp: Path, procs: list
+) -> list[Target]:
+    targets = []
+    vr = PEERS / "vllm-router/bin/vllm-router"
+    if vr.exists():
+        for policy in ("kv_aware", "cache_aware"):
+            port, metrics = free_ports(2)
+            extra: list[str] = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)]
+            if policy == "kv_aware":
+                for e, pub, rep in zip(engines, pubs, replays, strict=True):
+                    extra += ["--kv-event-source", f"{e}=tcp://127.0.0.1:{pub}"]
+                    extra += ["--kv-event-replay-source", f"{e}=tcp://127.0.0.1:{rep}"]
+                extra += ["--kv-event-block-size", "16"]
+            procs.append(start([
+                str(vr), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
+                "--policy", policy, *extra,
+            ], tmp / f"vllm-router-{policy}.log"))  # fmt: skip
+            targets.append(Target(f"vllm-router {policy}", f"http://127.0.0.1:{port}"))
+    else:
+        print(f"vllm-router not installed ({vr}): skipped", file=sys.stderr)
+    sr = PEERS / "sglang-router/bin/sglang-router"
+    if sr.exists():
+        port, metrics = free_ports(2)
+        procs.append(start([
+            str(sr), "launch", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *engines, "--policy", "cache_aware",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
+        ], tmp / "sglang-router.log"))  # fmt: skip
+        targets.append(Target("sglang-router cache_aware", f"http://127.0.0.1:{port}", text=True))
+    else:
+        print(f"sglang-router not installed ({sr}): skipped", file=sys.stderr)
+    return targets
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="kvroute-bench-reuse-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text).ids  # with BOS, as the engine encodes a completion
+
+    convs = workload(args)
+    try:
+        n = args.engines
+        ports = free_ports(3 * n + 1)
+        engines, specs, pubs, replays = [], [], [], []
+        for i in range(n):
+            http, pub, rep = ports[3 * i : 3 * i + 3]
+            procs.append(start([
+                sys.executable, "-m", "router.cli", "engine", "--port", str(http),
+                "--worker-id", f"e{i}", "--publish", f"tcp://*:{pub}",
+                "--replay", f"tcp://127.0.0.1:{rep}", "--gpu-blocks", str(args.gpu_blocks),
+                "--cpu-blocks", "0", "--tokenizer", str(TOKENIZER), "--log-level", "warning",
+            ], tmp / f"e{i}.log"))  # fmt: skip
+            engines.append(f"http://127.0.0.1:{http}")
+            pubs.append(pub)
+            replays.append(rep)
+            specs.append(
+                f"e{i}=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},http={engines[-1]}"
+            )
+        kv = f"http://127.0.0.1:{ports[-1]}"
+        procs.append(start([
+            sys.executable, "-m", "router.cli", "serve", "--port", str(ports[-1]),
+            "--tokenizer", str(TOKENIZER), "--log-level", "warning",
+            *[a for s in specs for a in ("--worker", s)],
+        ], tmp / "router.log"))  # fmt: skip
+        for e in engines:
+            await wait_http(f"{e}/health")
+        targets = [Target("kvroute kv_aware", kv), Target("kvroute round_robin", kv,
+                   policy="round_robin")]  # fmt: skip
+        targets += start_peers(engines, pubs, replays, tmp, procs)
+        targets.append(Target("pinning", ""))
+        await wait_live(kv)
+        for t in targets:
+            if t.url and t.url != kv:
+                await wait_http(f"{t.url}/health", timeout=60)
+        rows: dict[str, Any] = {}
+        async with httpx.AsyncClient(timeout=30) as c:
+            for t in targets:
+                await reset(c, engines, kv)
+                before = await engine_stats(c, engines)
+                t0 = time.monotonic()
+                lat = await drive(t, convs, encode, engines, args.clients)
+                wall = time.monotonic() - t0
+                after = await engine_stats(c, engines)
+                d = [
+                    {k: a[k] - b[k] for k in ("requests", "prompt_tokens", "cached_tokens")}
+                    for a, b in zip(after, before, strict=True)
+                ]
+                reqs = [x["requests"] for x in d]
+                prompt = sum(x["prompt_tokens"] for x in d)
+                rows[t.name] = {
+                    "hit_rate": round(sum(x["cached_tokens"] for x in d) / max(1, prompt), 4),
+                    "imbalance": round(max(reqs) / max(1e-9, statistics.mean(reqs)), 3),
+                    "requests_per_engine": reqs,
+                    "p50_ms": round(1000 * statistics.median(lat), 2),
+                    "p99_ms": round(1000 * pct(lat, 0.99), 2),
+                    "wall_s": round(wall, 2),
+                }
+                print(t.name, rows[t.name], file=sys.stderr, flush=True)
+        base = rows["pinning"]["p50_ms"]
+        for row in rows.values():
+            row["added_p50_ms_vs_pinning"] = round(row["p50_ms"] - base, 2)
+        return {
+            "engines": n,
+            "conversations": args.conversations,
+            "turns": args.turns,
+            "clients": args.clients,
+            "requests": args.conversations * args.turns,
+            "targets": rows,
+        }
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        "| target | hit rate | imbalance | requests per engine | p50 ms | p99 ms | added p50 "
+        "vs pinning |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in result["targets"].items():
+        lines.append(
+            f"| {name} | {r['hit_rate']:.3f} | {r['imbalance']:.2f} | "
+            f"{r['requests_per_engine']} | {r['p50_ms']} | {r['p99_ms']} | "
+            f"{r['added_p50_ms_vs_pinning']:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--gpu-blocks", type=int, default=512, help="per engine, 16 tokens each")
+    p.add_argument("--conversations", type=int, default=48)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--clients", type=int, default=8, help="concurrent openai clients")
+    p.add_argument("--systems", type=int, default=4, help="shared system prompts")
+    p.add_argument("--system-words", type=int, default=200)
+    p.add_argument("--user-words", type=int, default=60)
+    p.add_argument("--assistant-words", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    result = asyncio.run(run(args))
+    print(json.dumps(result, indent=2))
+    print(table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
