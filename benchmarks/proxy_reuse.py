@@ -155,7 +155,7 @@ def start_peers(
                 for e, pub, rep in zip(engines, pubs, replays, strict=True):
                     extra += ["--kv-event-source", f"{e}=tcp://127.0.0.1:{pub}"]
                     extra += ["--kv-event-replay-source", f"{e}=tcp://127.0.0.1:{rep}"]
-                extra += ["--kv-event-block-size", "16"]
+                extra += ["--kv-event-block-size", "16", "--kv-event-model", MODEL]
             procs.append(start([
                 str(vr), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
                 "--policy", policy, *extra,
@@ -217,9 +217,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         targets += start_peers(engines, pubs, replays, tmp, procs)
         targets.append(Target("pinning", ""))
         await wait_live(kv)
-        for t in targets:
+        skipped = {}
+        for t in list(targets):
             if t.url and t.url != kv:
-                await wait_http(f"{t.url}/health", timeout=60)
+                try:
+                    await wait_http(f"{t.url}/health", timeout=60)
+                except RuntimeError as exc:  # its log is in tmp
+                    print(f"{t.name} did not come up: skipped ({exc})", file=sys.stderr)
+                    skipped[t.name] = str(exc)
+                    targets.remove(t)
         rows: dict[str, Any] = {}
         async with httpx.AsyncClient(timeout=30) as c:
             for t in targets:
@@ -254,6 +260,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "clients": args.clients,
             "requests": args.conversations * args.turns,
             "targets": rows,
+            "skipped": skipped,
         }
     finally:
         for p in procs:

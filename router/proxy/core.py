@@ -18,7 +18,7 @@ import httpx
 
 from router.config import RouterSettings
 from router.index import IndexUnavailable
-from router.proxy.health import HealthMonitor
+from router.proxy.health import STREAM_OK, HealthMonitor
 from router.proxy.metrics import ProxyCounters
 from router.proxy.upstream import UpstreamPool
 from router.routing.state import Decision, RoutingCore
@@ -104,20 +104,38 @@ class Proxy:
         return sorted(names)
 
     def candidates(self, model: str | None) -> list[str]:
-        """Live workers serving ``model``; 404 when none serves it, 503 when none is live."""
-        serving = []
-        for w in self.service.worker_ids():
-            models = self.worker_models(w)
-            if model is None or models is None or model in models:
-                serving.append(w)
+        """Live workers serving ``model``; 404 when none serves it, 503 when none is live.
+
+        One pass over the subscriptions with the liveness test inlined: this runs per
+        request over every registered worker (64 and more)."""
+        health = self.health
+        states = STREAM_OK if health.require_events else None
+        serving: list[str] = []
+        live: list[str] = []
+        for sub in self.service.subscriptions.all():
+            spec = sub.spec
+            h = health.workers.get(spec.worker_id)
+            if model is not None:
+                if spec.model is not None:
+                    if spec.model != model:
+                        continue
+                elif h is not None and h.models is not None and model not in h.models:
+                    continue
+            serving.append(spec.worker_id)
+            if (
+                h is not None
+                and h.http_ok
+                and spec.http_endpoint is not None
+                and (states is None or sub.state in states)
+            ):
+                live.append(spec.worker_id)
         if not serving:
             known = ", ".join(self.models()) or "none"
             raise ProxyError(
                 404, "model_not_found", f"no worker serves model {model!r} (served: {known})"
             )
-        live = [w for w in serving if self.health.why_not_live(w) is None]
         if not live:
-            why = "; ".join(f"{w}: {self.health.why_not_live(w)}" for w in serving[:8])
+            why = "; ".join(f"{w}: {health.why_not_live(w)}" for w in serving[:8])
             raise ProxyError(503, "no_live_workers", f"no live worker for {model!r}: {why}")
         return live
 

@@ -14,6 +14,7 @@ back to the pool only when its response was read to the end. Health checks and t
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -210,6 +211,7 @@ class UpstreamPool:
         self._closed = False
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)  # a few URLs per worker, parsed per request
     def split(url: str) -> tuple[tuple[str, int], bytes]:
         """``http://host:port/path`` -> ((host, port), b"/path")."""
         parts = urlsplit(url)
