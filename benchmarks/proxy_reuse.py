@@ -4,8 +4,8 @@
 
 Targets (each skipped with a message when its router is not installed):
 
-* ``kvroute`` -- ``kvroute serve`` (policy ``kv_aware``, its default) and, for reference,
-  ``kvroute round_robin`` (the same router, ``x-kvroute-policy: round_robin``);
+* ``kvroute`` -- ``kvroute serve`` (policy ``kv_aware``, its default) and the same router
+  with ``x-kvroute-policy: longest_prefix`` (cache only) and ``round_robin`` (reference);
 * ``vllm-router kv_aware`` -- vllm-router with ``--kv-event-source`` on the engines' PUB
   sockets (and ``--kv-event-replay-source``), and ``vllm-router cache_aware``;
 * ``sglang-router cache_aware`` -- it rejects token-id prompts, so it gets the same
@@ -212,8 +212,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ], tmp / "router.log"))  # fmt: skip
         for e in engines:
             await wait_http(f"{e}/health")
-        targets = [Target("kvroute kv_aware", kv), Target("kvroute round_robin", kv,
-                   policy="round_robin")]  # fmt: skip
+        targets = [
+            Target("kvroute kv_aware", kv),
+            Target("kvroute longest_prefix", kv, policy="longest_prefix"),
+            Target("kvroute round_robin", kv, policy="round_robin"),
+        ]
         targets += start_peers(engines, pubs, replays, tmp, procs)
         targets.append(Target("pinning", ""))
         await wait_live(kv)
