@@ -269,8 +269,8 @@ class UpstreamPool:
             head += (name, b": ", value, b"\r\n")
         head.append(b"content-length: %d\r\n\r\n" % len(body))
         data = b"".join(head) + body
-        for _ in range(2):
-            conn = self._take_idle(key)
+        for attempt in range(2):
+            conn = self._take_idle(key) if attempt == 0 else None
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(key)
