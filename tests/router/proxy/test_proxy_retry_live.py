@@ -60,6 +60,10 @@ def test_5xx_before_the_first_byte_is_retried_on_the_next_best_worker(tmp_path: 
         details = completion.usage.prompt_tokens_details
         assert details is not None and details.cached_tokens == 32  # a's own word
 
+        # GET /v1/workers: routed, estimated vs engine-reported cached tokens, accuracy.
+        view = httpx.get(f"{router.url}/v1/workers/{a.worker_id}", timeout=10).json()["proxy"]
+        assert view["routed"] == 1 and view["estimated_hit_tokens"] == 32
+        assert view["cached_tokens"] == 32 and view["estimate_exact_share"] == 1.0
         bad = router.workers()["bad"]
         assert bad["routed"] == 1 and bad["upstream_errors"] == 1 and bad["retried_away"] == 1
         assert bad["live"]  # an answering worker that said 5xx is not taken out
