@@ -149,4 +149,5 @@ bench-proxy: install peers
 	$(BIN)/python benchmarks/proxy.py --light 64 --runs 3 --json benchmarks/data/proxy-results-64.json
 
 bench-proxy-peers: install peers
-	$(BIN)/python benchmarks/proxy_reuse.py --json benchmarks/data/proxy-reuse-results.json
+	$(BIN)/python benchmarks/proxy_reuse.py --runs 3 --kvroute-weights '{"decode": 128}' \
+	  --kvroute-weights '{"decode": 32}' --json benchmarks/data/proxy-reuse-results.json

@@ -6,6 +6,8 @@ Targets (each skipped with a message when its router is not installed):
 
 * ``kvroute`` -- ``kvroute serve`` (policy ``kv_aware``, its default) and the same router
   with ``x-kvroute-policy: longest_prefix`` (cache only) and ``round_robin`` (reference);
+  ``--kvroute-weights JSON`` adds a second ``kvroute serve`` with those ``kv_aware``
+  weights (``KVROUTE_ROUTE_WEIGHTS``);
 * ``vllm-router kv_aware`` -- vllm-router with ``--kv-event-source`` on the engines' PUB
   sockets (and ``--kv-event-replay-source``), and ``vllm-router cache_aware``;
 * ``sglang-router cache_aware`` -- it rejects token-id prompts, so it gets the same
@@ -20,7 +22,8 @@ contention on a small machine), and added p50 from a separate probe after each t
 run: sequential requests through the router vs straight to an engine.
 Routers come from ``.venv-peers/`` (``make bench-proxy-peers`` installs them).
 Run: ``python benchmarks/proxy_reuse.py [--conversations 48] [--turns 6] [--clients 8]
-[--json OUT]``. Loopback only.
+[--runs 3] [--kvroute-weights '{"decode": 32}'] [--json OUT]`` (``make
+bench-proxy-peers``); the table gives min-max over the runs. Loopback only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -161,6 +165,43 @@ async def estimates(c: httpx.AsyncClient, kv: str) -> tuple[int, int, int]:
     )
 
 
+async def measure(
+    c: httpx.AsyncClient,
+    t: Target,
+    kv: str,
+    convs: list[Conversation],
+    encode: Any,
+    engines: list[str],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One target's run from clean caches: the engines' counts before and after."""
+    await reset(c, engines, kv)
+    before = await engine_stats(c, engines)
+    est0 = await estimates(c, kv)
+    lat = await drive(t, convs, encode, engines, args.clients)
+    after = await engine_stats(c, engines)
+    est1 = await estimates(c, kv)
+    d = [
+        {k: a[k] - b[k] for k in ("requests", "prompt_tokens", "cached_tokens")}
+        for a, b in zip(after, before, strict=True)
+    ]
+    reqs = [x["requests"] for x in d]
+    prompt = sum(x["prompt_tokens"] for x in d)
+    est, cached, compared = (b - a for a, b in zip(est0, est1, strict=True))
+    return {
+        "hit_rate": round(sum(x["cached_tokens"] for x in d) / max(1, prompt), 4),
+        "imbalance": round(max(reqs) / max(1e-9, statistics.mean(reqs)), 3),
+        "requests_per_engine": reqs,
+        "p50_ms": round(1000 * statistics.median(lat), 2),
+        "p99_ms": round(1000 * pct(lat, 0.99), 2),
+        "added_p50_ms": 0.0 if not t.url else await probe(t, engines, encode, 60),
+        # kvroute's own accounting (docs/proxy.md): how close its estimates were
+        "estimated_tokens": est,
+        "cached_tokens": cached,
+        "compared": compared,
+    }
+
+
 async def engine_stats(c: httpx.AsyncClient, engines: list[str]) -> list[dict[str, Any]]:
     return [(await c.get(f"{e}/stats")).json() for e in engines]
 
@@ -243,62 +284,57 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "--tokenizer", str(TOKENIZER), "--log-level", "warning",
             *[a for s in specs for a in ("--worker", s)],
         ], tmp / "router.log"))  # fmt: skip
+        tuned: list[Target] = []
+        for weights in args.kvroute_weights:  # a second router with other kv_aware weights
+            (port,) = free_ports(1)
+            with (tmp / f"router-{port}.log").open("wb") as log:
+                procs.append(subprocess.Popen([
+                    sys.executable, "-m", "router.cli", "serve", "--port", str(port),
+                    "--tokenizer", str(TOKENIZER), "--log-level", "warning",
+                    *[a for s in specs for a in ("--worker", s)],
+                ], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                   env={**os.environ, "KVROUTE_ROUTE_WEIGHTS": weights}))  # fmt: skip
+            tuned.append(Target(f"kvroute kv_aware {weights}", f"http://127.0.0.1:{port}"))
         for e in engines:
             await wait_http(f"{e}/health")
         targets = [
             Target("kvroute kv_aware", kv),
             Target("kvroute longest_prefix", kv, policy="longest_prefix"),
+            *tuned,
             Target("kvroute round_robin", kv, policy="round_robin"),
         ]
         targets += start_peers(engines, pubs, replays, tmp, procs)
         targets.append(Target("pinning", ""))
-        await wait_live(kv)
+        for t in [Target("", kv), *tuned]:
+            await wait_live(t.url)
         skipped = {}
         for t in list(targets):
-            if t.url and t.url != kv:
+            if t.url and t.url != kv and t not in tuned:
                 try:
                     await wait_http(f"{t.url}/health", timeout=60)
                 except RuntimeError as exc:  # its log is in tmp
                     print(f"{t.name} did not come up: skipped ({exc})", file=sys.stderr)
                     skipped[t.name] = str(exc)
                     targets.remove(t)
-        rows: dict[str, Any] = {}
+        runs: list[dict[str, Any]] = []
         async with httpx.AsyncClient(timeout=30) as c:
-            for t in targets:
-                await reset(c, engines, kv)
-                before = await engine_stats(c, engines)
-                est0 = await estimates(c, kv)
-                t0 = time.monotonic()
-                lat = await drive(t, convs, encode, engines, args.clients)
-                wall = time.monotonic() - t0
-                after = await engine_stats(c, engines)
-                est1 = await estimates(c, kv)
-                d = [
-                    {k: a[k] - b[k] for k in ("requests", "prompt_tokens", "cached_tokens")}
-                    for a, b in zip(after, before, strict=True)
-                ]
-                reqs = [x["requests"] for x in d]
-                prompt = sum(x["prompt_tokens"] for x in d)
-                rows[t.name] = {
-                    "hit_rate": round(sum(x["cached_tokens"] for x in d) / max(1, prompt), 4),
-                    "imbalance": round(max(reqs) / max(1e-9, statistics.mean(reqs)), 3),
-                    "requests_per_engine": reqs,
-                    "p50_ms": round(1000 * statistics.median(lat), 2),
-                    "p99_ms": round(1000 * pct(lat, 0.99), 2),
-                    "wall_s": round(wall, 2),
-                    "added_p50_ms": 0.0 if not t.url else await probe(t, engines, encode, 60),
-                }
-                if t.url == kv:  # how close the router's estimates were (docs/proxy.md)
-                    est, cached, n = (b - a for a, b in zip(est0, est1, strict=True))
-                    rows[t.name] |= {"estimated_tokens": est, "cached_tokens": cached, "n": n}
-                print(t.name, rows[t.name], file=sys.stderr, flush=True)
+            for _ in range(args.runs):
+                rows: dict[str, Any] = {}
+                for t in targets:
+                    router = t.url if t in tuned else kv
+                    rows[t.name] = await measure(c, t, router, convs, encode, engines, args)
+                    if t.url != router and t.url != kv:  # kvroute's estimates: kvroute only
+                        for k in ("estimated_tokens", "cached_tokens", "compared"):
+                            rows[t.name].pop(k)
+                    print(t.name, rows[t.name], file=sys.stderr, flush=True)
+                runs.append(rows)
         return {
             "engines": n,
             "conversations": args.conversations,
             "turns": args.turns,
             "clients": args.clients,
             "requests": args.conversations * args.turns,
-            "targets": rows,
+            "runs": runs,
             "skipped": skipped,
         }
     finally:
@@ -312,15 +348,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
+    """Min-max over the runs, as docs/proxy.md prints them."""
+
+    def rng(name: str, key: str, fmt: str) -> str:
+        vals = [run[name][key] for run in result["runs"] if name in run]
+        lo, hi = format(min(vals), fmt), format(max(vals), fmt)
+        return lo if lo == hi else f"{lo}-{hi}"
+
     lines = [
-        "| target | hit rate | imbalance | requests per engine | p50 ms | p99 ms | added p50 ms |",
-        "|---|---|---|---|---|---|---|",
+        f"min-max over {len(result['runs'])} runs",
+        "| target | hit rate | imbalance | added p50 ms |",
+        "|---|---|---|---|",
     ]
-    for name, r in result["targets"].items():
+    for name in result["runs"][0]:
         lines.append(
-            f"| {name} | {r['hit_rate']:.3f} | {r['imbalance']:.2f} | "
-            f"{r['requests_per_engine']} | {r['p50_ms']} | {r['p99_ms']} | "
-            f"{r['added_p50_ms']:+.2f} |"
+            f"| {name} | {rng(name, 'hit_rate', '.3f')} | {rng(name, 'imbalance', '.2f')} | "
+            f"{rng(name, 'added_p50_ms', '+.2f')} |"
         )
     return "\n".join(lines)
 
@@ -337,6 +380,13 @@ def main() -> int:
     p.add_argument("--user-words", type=int, default=60)
     p.add_argument("--assistant-words", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", type=int, default=3, help="repeats over the same processes")
+    p.add_argument(
+        "--kvroute-weights",
+        action="append",
+        default=[],
+        help="also a kvroute with these kv_aware weights (JSON, e.g. '{\"decode\": 128}')",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     result = asyncio.run(run(args))
