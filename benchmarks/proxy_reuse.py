@@ -363,7 +363,7 @@ def table(result: dict[str, Any]) -> str:
     for name in result["runs"][0]:
         lines.append(
             f"| {name} | {rng(name, 'hit_rate', '.3f')} | {rng(name, 'imbalance', '.2f')} | "
-            f"{rng(name, 'added_p50_ms', '+.2f')} |"
+            f"{rng(name, 'added_p50_ms', '.2f')} |"
         )
     return "\n".join(lines)
 
