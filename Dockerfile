@@ -1,24 +1,37 @@
-# kvroute: the router and the simulated engine in one small image.
-#   docker build -t kvroute .        (docker compose up builds it too)
-# The engine extra pulls torch; the CPU wheel index keeps the image free of CUDA libraries.
-FROM python:3.11-slim
-
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# kvroute images, one Dockerfile, two targets:
+#   docker build --target router -t kvroute-router .   the router: no torch (its install
+#                                                       is the package without extras)
+#   docker build --target engine -t kvroute-engine .   the simulated engine: torch (CPU
+#                                                       wheel, no CUDA libraries)
+# `docker compose up` builds both (docker-compose.yml names the target per service).
+FROM python:3.11-slim AS base
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md LICENSE ./
 COPY schemas ./schemas
 COPY publisher ./publisher
 COPY offload_core ./offload_core
 COPY router ./router
-RUN pip install --extra-index-url "${TORCH_INDEX}" -c constraints.txt '.[engine]' \
-    && useradd --system --uid 10001 kvroute
-USER kvroute
-
-# 8000: router REST API + dashboard; 8100: engine HTTP; 5557/5558: engine ZMQ PUB/replay.
-EXPOSE 8000 8100 5557 5558
+RUN useradd --system --uid 10001 kvroute
 ENTRYPOINT ["kvroute"]
+
+# The engine: the `engine` extra pulls torch from the CPU wheel index.
+FROM base AS engine
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install --extra-index-url "${TORCH_INDEX}" -c constraints.txt '.[engine]'
+USER kvroute
+# 8100: engine HTTP; 5557/5558: ZMQ PUB/replay.
+EXPOSE 8100 5557 5558
+CMD ["engine", "--host", "0.0.0.0", "--port", "8100"]
+
+# The router (last stage, so a plain `docker build .` gives it): no extras, no torch;
+# the check fails the build if torch came in through some dependency anyway.
+FROM base AS router
+RUN pip install -c constraints.txt . \
+    && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"
+USER kvroute
+# 8000: OpenAI proxy, REST API, dashboard, /metrics.
+EXPOSE 8000
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps test lint demo serve bench clean conformance-sglang
+.PHONY: install system-deps test lint demo serve bench clean conformance-sglang peers bench-proxy bench-proxy-peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -123,3 +123,31 @@ conformance-engine: install conformance-engine-env
 	$(VLLM_CPU_VENV)/bin/python -m conformance.engine_check --venv $(VENV)
 
 .PHONY: conformance-env conformance-record conformance conformance-engine-env conformance-engine
+
+# Proxy benchmarks (docs/proxy.md; heavy, not part of `make test`). The peer routers go
+# into their own venvs under .venv-peers/ (never into .venv); sglang-router is skipped
+# with a message when it does not install.
+VLLM_ROUTER_VERSION ?= 0.1.17
+PEERS := .venv-peers
+
+$(PEERS)/vllm-router/bin/vllm-router:
+	$(PYTHON) -m venv $(PEERS)/vllm-router
+	$(PEERS)/vllm-router/bin/python -m pip install -q vllm-router==$(VLLM_ROUTER_VERSION)
+
+SGLANG_ROUTER_VERSION ?= 0.3.2
+
+$(PEERS)/sglang-router/.tried:
+	$(PYTHON) -m venv $(PEERS)/sglang-router
+	$(PEERS)/sglang-router/bin/python -m pip install -q sglang-router==$(SGLANG_ROUTER_VERSION) || \
+	  { echo "sglang-router did not install: its rows are skipped"; rm -rf $(PEERS)/sglang-router/bin/sglang-router; }
+	mkdir -p $(PEERS)/sglang-router && touch $@
+
+peers: $(PEERS)/vllm-router/bin/vllm-router $(PEERS)/sglang-router/.tried
+
+bench-proxy: install peers
+	$(BIN)/python benchmarks/proxy.py --workers 4 --runs 3 --json benchmarks/data/proxy-results.json
+	$(BIN)/python benchmarks/proxy.py --light 64 --runs 3 --json benchmarks/data/proxy-results-64.json
+
+bench-proxy-peers: install peers
+	$(BIN)/python benchmarks/proxy_reuse.py --runs 3 --kvroute-weights '{"decode": 128}' \
+	  --kvroute-weights '{"decode": 32}' --json benchmarks/data/proxy-reuse-results.json

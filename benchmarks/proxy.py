@@ -9,8 +9,11 @@ costs, next to vllm-router in the same run when its binary is given.
   own ceiling only while the engines are faster than it).
 
 Engines are ``kvroute engine`` processes (tiny tokenizer, token-id prompts so both paths
-skip nothing). Run: ``python benchmarks/proxy.py [--workers 4] [--requests 400]
-[--vllm-router PATH_TO_vllm-router] [--json OUT]``. Loopback only.
+skip nothing), or with ``--light N`` N light engines in one process
+(benchmarks/light_engines.py: own HTTP port and own KV event stream each, answers in
+microseconds) for fleet sizes one machine cannot hold as real processes. Run:
+``python benchmarks/proxy.py [--workers 4 | --light 64] [--requests 400] [--runs 3]
+[--vllm-router PATH] [--json OUT]`` (``make bench-proxy``). Loopback only.
 """
 
 from __future__ import annotations
@@ -119,64 +122,101 @@ async def throughput(base: str, concurrency: int, seconds: float) -> float:
         return done / (time.monotonic() - t0)
 
 
+def vllm_router_binary(given: str | None) -> str | None:
+    """``--vllm-router`` or the one ``make bench-proxy-peers`` installs."""
+    if given:
+        return given
+    default = REPO / ".venv-peers/vllm-router/bin/vllm-router"
+    return str(default) if default.exists() else None
+
+
+def start_fleet(
+    args: argparse.Namespace, tmp: Path, procs: list[subprocess.Popen[bytes]]
+) -> tuple[list[str], list[str]]:
+    """Engines (``kvroute engine`` each, or ``--light N`` light engines in one process):
+    their base URLs and ``--worker`` specs."""
+    n = args.light or args.workers
+    ports = free_ports(3 * n)
+    engines = [f"http://127.0.0.1:{ports[3 * i]}" for i in range(n)]
+    prefix = "l" if args.light else "e"
+    specs = [
+        f"{prefix}{i}=tcp://127.0.0.1:{ports[3 * i + 1]},replay=tcp://127.0.0.1:{ports[3 * i + 2]},"
+        f"http={engines[i]},model={MODEL}"
+        for i in range(n)
+    ]
+    if args.light:
+        triples = [",".join(map(str, ports[3 * i : 3 * i + 3])) for i in range(n)]
+        procs.append(start([
+            sys.executable, str(REPO / "benchmarks/light_engines.py"), "--ports", *triples,
+        ], tmp / "light.log"))  # fmt: skip
+        return engines, specs
+    for i in range(n):
+        http, pub, rep = ports[3 * i : 3 * i + 3]
+        procs.append(start([
+            sys.executable, "-m", "router.cli", "engine", "--port", str(http),
+            "--worker-id", f"e{i}", "--publish", f"tcp://*:{pub}",
+            "--replay", f"tcp://*:{rep}", "--gpu-blocks", "4096", "--cpu-blocks", "0",
+            "--tokenizer", str(TOKENIZER), "--log-level", "warning",
+        ], tmp / f"e{i}.log"))  # fmt: skip
+    return engines, specs
+
+
+async def wait_live(url: str, timeout: float = 120) -> None:
+    async with httpx.AsyncClient(timeout=10) as c:  # until the proxy routes to every worker
+        deadline = time.monotonic() + timeout
+        while True:
+            workers = (await c.get(f"{url}/v1/proxy/workers")).json()["workers"]
+            if all(w["live"] for w in workers):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"not live: {[w['worker_id'] for w in workers if not w['live']][:5]}"
+                )
+            await asyncio.sleep(0.2)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kvroute-bench-proxy-"))
-    ports = free_ports(3 * args.workers + 2)
     procs: list[subprocess.Popen[bytes]] = []
-    specs, engines = [], []
     try:
-        for i in range(args.workers):
-            http, pub, rep = ports[3 * i : 3 * i + 3]
-            procs.append(start([
-                sys.executable, "-m", "router.cli", "engine", "--port", str(http),
-                "--worker-id", f"e{i}", "--publish", f"tcp://*:{pub}",
-                "--replay", f"tcp://*:{rep}", "--gpu-blocks", "4096", "--cpu-blocks", "0",
-                "--tokenizer", str(TOKENIZER), "--log-level", "warning",
-            ], tmp / f"e{i}.log"))  # fmt: skip
-            engines.append(f"http://127.0.0.1:{http}")
-            specs.append(
-                f"e{i}=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},http={engines[-1]}"
-            )
-        kv_port, vr_port = ports[-2:]
+        engines, specs = start_fleet(args, tmp, procs)
+        kv_port, vr_port, vr_metrics = free_ports(3)
         procs.append(start([
             sys.executable, "-m", "router.cli", "serve", "--port", str(kv_port),
             "--tokenizer", str(TOKENIZER), "--log-level", "warning",
             *[a for s in specs for a in ("--worker", s)],
         ], tmp / "router.log"))  # fmt: skip
         urls = {"direct": engines[0], "kvroute": f"http://127.0.0.1:{kv_port}"}
-        if args.vllm_router:
+        binary = vllm_router_binary(args.vllm_router)
+        if binary:
             procs.append(start([
-                args.vllm_router, "--host", "127.0.0.1", "--port", str(vr_port),
-                "--worker-urls", *engines, "--policy", "round_robin",
+                binary, "--host", "127.0.0.1", "--port", str(vr_port),
+                "--worker-urls", *engines, "--policy", args.vllm_router_policy,
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(vr_metrics),
             ], tmp / "vllm-router.log"))  # fmt: skip
             urls["vllm-router"] = f"http://127.0.0.1:{vr_port}"
         for e in engines:
             await wait_http(f"{e}/health")
         await wait_http(f"{urls['kvroute']}/v1/models")
-        async with httpx.AsyncClient(timeout=10) as c:  # until the proxy routes
-            deadline = time.monotonic() + 60
-            while True:
-                workers = (await c.get(f"{urls['kvroute']}/v1/proxy/workers")).json()["workers"]
-                if all(w["live"] for w in workers):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"workers not live: {workers}")
-                await asyncio.sleep(0.2)
+        await wait_live(urls["kvroute"])
         if "vllm-router" in urls:
             await wait_http(f"{urls['vllm-router']}/health")
         limits = httpx.Limits(max_keepalive_connections=8)
+        runs = []
         async with httpx.AsyncClient(timeout=30, limits=limits) as client:
             await latency(client, urls, 20)  # warm-up: connections, caches
-            lat = await latency(client, urls, args.requests)
-        base = lat["direct"]
-        for row in lat.values():
-            row["added_p50_ms"] = round(row["p50_ms"] - base["p50_ms"], 3)
-            row["added_p99_ms"] = round(row["p99_ms"] - base["p99_ms"], 3)
+            for _ in range(args.runs):
+                lat = await latency(client, urls, args.requests)
+                base = lat["direct"]
+                for row in lat.values():
+                    row["added_p50_ms"] = round(row["p50_ms"] - base["p50_ms"], 3)
+                    row["added_p99_ms"] = round(row["p99_ms"] - base["p99_ms"], 3)
+                runs.append(lat)
         rps = {}
         for name, url in urls.items():
-            target = url if name != "direct" else engines[0]
-            rps[name] = round(await throughput(target, args.concurrency, args.seconds), 1)
-        return {"workers": args.workers, "latency": lat, "req_per_s": rps}
+            rps[name] = round(await throughput(url, args.concurrency, args.seconds), 1)
+        fleet = f"{len(engines)} light engines" if args.light else f"{len(engines)} engines"
+        return {"fleet": fleet, "workers": len(engines), "runs": runs, "req_per_s": rps}
     finally:
         for p in procs:
             p.terminate()
@@ -187,17 +227,42 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 p.kill()
 
 
+def summary(result: dict[str, Any]) -> str:
+    """Ranges over the runs, as docs/proxy.md prints them."""
+    lines = [f"{result['fleet']}: min-max over {len(result['runs'])} runs"]
+    for name in result["runs"][0]:
+
+        def rng(key: str, name: str = name) -> str:
+            vals = [r[name][key] for r in result["runs"]]
+            return f"{min(vals):.2f}-{max(vals):.2f}"
+
+        lines.append(
+            f"  {name:12s} p50 {rng('p50_ms')}  p99 {rng('p99_ms')}  added p50 "
+            f"{rng('added_p50_ms')}  added p99 {rng('added_p99_ms')}  TTFC {rng('ttfc_p50_ms')}"
+            f"  req/s {result['req_per_s'][name]}"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=4, help="kvroute engine processes")
+    p.add_argument("--light", type=int, default=0, help="N light engines instead (one process)")
+    p.add_argument("--runs", type=int, default=3, help="latency rounds (ranges reported)")
+    p.add_argument("--vllm-router-policy", default="round_robin")
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--vllm-router", default=None, help="path to a vllm-router binary")
+    p.add_argument(
+        "--vllm-router",
+        default=None,
+        help="path to a vllm-router binary (default: .venv-peers/vllm-router, if installed)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     result = asyncio.run(run(args))
     print(json.dumps(result, indent=2))
+    print(summary(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

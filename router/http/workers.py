@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, ValidationError
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel, Field, ValidationError
 
 from router.config import WorkerSpec
 from router.http.deps import ApiError, get_service, require_read_key, require_write_key
@@ -27,8 +29,24 @@ _ERRORS = {
 _READ_ERRORS = {401: {"model": ErrorResponse, "description": "API key missing (api_key_all)"}}
 
 
+class WorkerView(WorkerStatus):
+    """``WorkerStatus`` plus what the OpenAI proxy knows about the worker."""
+
+    proxy: dict[str, Any] | None = Field(
+        default=None,
+        description="live (and why not), routed requests, estimated hit tokens vs "
+        "engine-reported cached tokens, share of exact estimates (docs/proxy.md)",
+    )
+
+
 class WorkerStatusList(BaseModel):
-    workers: list[WorkerStatus]
+    workers: list[WorkerView]
+
+
+def _view(request: Request, status: WorkerStatus) -> WorkerView:
+    proxy = getattr(request.app.state, "proxy", None)
+    fields = proxy.worker_view(status.worker_id) if proxy is not None else None
+    return WorkerView(**status.model_dump(), proxy=fields)
 
 
 @router.post(
@@ -74,19 +92,23 @@ async def create_worker(
     responses=_READ_ERRORS,
     dependencies=[Depends(require_read_key)],
 )
-async def list_workers(service: RouterService = Depends(get_service)) -> WorkerStatusList:
-    return WorkerStatusList(workers=await service.worker_infos())
+async def list_workers(
+    request: Request, service: RouterService = Depends(get_service)
+) -> WorkerStatusList:
+    return WorkerStatusList(workers=[_view(request, w) for w in await service.worker_infos()])
 
 
 @router.get(
     "/{worker_id}",
-    response_model=WorkerStatus,
+    response_model=WorkerView,
     summary="one worker",
     responses={404: _ERRORS[404], **_READ_ERRORS},
     dependencies=[Depends(require_read_key)],
 )
-async def get_worker(worker_id: str, service: RouterService = Depends(get_service)) -> WorkerStatus:
-    return await service.worker_info(worker_id)
+async def get_worker(
+    worker_id: str, request: Request, service: RouterService = Depends(get_service)
+) -> WorkerView:
+    return _view(request, await service.worker_info(worker_id))
 
 
 @router.delete(

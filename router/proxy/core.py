@@ -18,8 +18,9 @@ import httpx
 
 from router.config import RouterSettings
 from router.index import IndexUnavailable
-from router.proxy.health import HealthMonitor
+from router.proxy.health import STREAM_OK, HealthMonitor
 from router.proxy.metrics import ProxyCounters
+from router.proxy.upstream import UpstreamPool
 from router.routing.state import Decision, RoutingCore
 from router.service import RouterService
 from schemas.tokenization import TokenizerRegistry, completion_tokens
@@ -65,7 +66,12 @@ class Proxy:
         s = service.settings
         self.service = service
         self.settings = s
-        self.client = make_client(s)
+        self.client = make_client(s)  # health checks, /tokenize pass-through
+        self.upstream = UpstreamPool(  # the forwarding hot path (router/proxy/upstream.py)
+            connect_timeout=s.proxy_connect_timeout_s,
+            read_timeout=s.proxy_timeout_s,
+            max_idle_per_host=s.proxy_max_connections,
+        )
         self.tokenizers = TokenizerRegistry(s.tokenizers)
         self.tokenizers.load_all()  # a bad path fails at start-up, not on a request
         self.counters = ProxyCounters()
@@ -98,20 +104,38 @@ class Proxy:
         return sorted(names)
 
     def candidates(self, model: str | None) -> list[str]:
-        """Live workers serving ``model``; 404 when none serves it, 503 when none is live."""
-        serving = []
-        for w in self.service.worker_ids():
-            models = self.worker_models(w)
-            if model is None or models is None or model in models:
-                serving.append(w)
+        """Live workers serving ``model``; 404 when none serves it, 503 when none is live.
+
+        One pass over the subscriptions with the liveness test inlined: this runs per
+        request over every registered worker (64 and more)."""
+        health = self.health
+        states = STREAM_OK if health.require_events else None
+        serving: list[str] = []
+        live: list[str] = []
+        for sub in self.service.subscriptions.all():
+            spec = sub.spec
+            h = health.workers.get(spec.worker_id)
+            if model is not None:
+                if spec.model is not None:
+                    if spec.model != model:
+                        continue
+                elif h is not None and h.models is not None and model not in h.models:
+                    continue
+            serving.append(spec.worker_id)
+            if (
+                h is not None
+                and h.http_ok
+                and spec.http_endpoint is not None
+                and (states is None or sub.state in states)
+            ):
+                live.append(spec.worker_id)
         if not serving:
             known = ", ".join(self.models()) or "none"
             raise ProxyError(
                 404, "model_not_found", f"no worker serves model {model!r} (served: {known})"
             )
-        live = [w for w in serving if self.health.why_not_live(w) is None]
         if not live:
-            why = "; ".join(f"{w}: {self.health.why_not_live(w)}" for w in serving[:8])
+            why = "; ".join(f"{w}: {health.why_not_live(w)}" for w in serving[:8])
             raise ProxyError(503, "no_live_workers", f"no live worker for {model!r}: {why}")
         return live
 
@@ -157,10 +181,36 @@ class Proxy:
     def finish(self, decision: Decision) -> None:
         self.core.finish(decision.request_id)
 
+    def worker_view(self, worker_id: str) -> dict[str, Any]:
+        """One worker as the proxy sees it (``/v1/workers``, ``/v1/proxy/workers``)."""
+        h = self.health.health(worker_id)
+        c = self.counters.worker(worker_id)
+        models = self.worker_models(worker_id)
+        why = self.health.why_not_live(worker_id)
+        return {
+            "live": why is None,
+            "why_not_live": why,
+            "http_endpoint": self.service.worker_spec(worker_id).http_endpoint,
+            "models": sorted(models) if models is not None else None,
+            "http_ok": h.http_ok,
+            "health_checks": h.checks,
+            "failed_checks": h.failed_checks,
+            "forward_failures": h.forward_failures,
+            "inflight": self.core.inflight_by_worker().get(worker_id, 0),
+            "routed": c.routed,
+            "retried_away": c.retried_away,
+            "upstream_errors": c.upstream_errors,
+            "estimated_hit_tokens": c.estimated_tokens,
+            "cached_tokens": c.cached_tokens,
+            "estimates_compared": c.compared,
+            "estimate_exact_share": self.counters.share(c.recent_exact),
+        }
+
     def endpoint(self, worker_id: str) -> str:
         url = self.service.worker_spec(worker_id).http_endpoint
         assert url is not None  # candidates() only returns workers with one
         return url.rstrip("/")
 
     async def close(self) -> None:
+        self.upstream.close()
         await self.client.aclose()

@@ -47,31 +47,7 @@ async def models(request: Request) -> dict[str, Any]:
 )
 async def proxy_workers(request: Request) -> dict[str, Any]:
     p = _proxy(request)
-    out = []
-    for w in p.service.worker_ids():
-        h = p.health.health(w)
-        c = p.counters.worker(w)
-        models = p.worker_models(w)
-        out.append(
-            {
-                "worker_id": w,
-                "live": p.health.why_not_live(w) is None,
-                "why_not_live": p.health.why_not_live(w),
-                "http_endpoint": p.service.worker_spec(w).http_endpoint,
-                "models": sorted(models) if models is not None else None,
-                "http_ok": h.http_ok,
-                "health_checks": h.checks,
-                "failed_checks": h.failed_checks,
-                "forward_failures": h.forward_failures,
-                "inflight": p.core.inflight_by_worker().get(w, 0),
-                "routed": c.routed,
-                "upstream_errors": c.upstream_errors,
-                "estimated_hit_tokens": c.estimated_tokens,
-                "cached_tokens": c.cached_tokens,
-                "estimates_compared": c.compared,
-                "estimate_exact_share": p.counters.share(c.recent_exact),
-            }
-        )
+    out = [{"worker_id": w, **p.worker_view(w)} for w in p.service.worker_ids()]
     return {"workers": out}
 
 

@@ -19,11 +19,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
 import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.proxy.core import Proxy, ProxyError
+from router.proxy.upstream import DROP, UpstreamError, UpstreamResponse
 from router.routing.policy import POLICY_NAMES
 from router.routing.state import Decision
 from router.service import UnknownWorker
@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 
 PATHS = {b"/v1/completions": False, b"/v1/chat/completions": True}
 _PATHS_STR = {p.decode(): chat for p, chat in PATHS.items()}
-# Hop-by-hop and framing headers: the ASGI server sets its own.
-_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length"})
 _RATE_S = 10.0
 
 
@@ -276,63 +274,52 @@ class ProxyMiddleware:
         stream: bool,
         want_usage: bool,
     ) -> str:
-        client = self.proxy.client
-        request = client.build_request("POST", url, content=raw, headers=headers)
         try:
-            response = await client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
-        except httpx.HTTPError as exc:  # read timeout, reset before the head arrived
-            raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
+            response = await self.proxy.upstream.post(url, raw, headers)
+        except UpstreamError as exc:  # connect error, timeout, reset before the head
+            raise _Failed(str(exc), connect=True) from None
         try:
-            if response.status_code >= 500:
-                with contextlib.suppress(httpx.HTTPError):
-                    await response.aread()
-                raise _Failed(f"HTTP {response.status_code}", connect=False)
-            out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROP]
+            if response.status >= 500:
+                with contextlib.suppress(UpstreamError):
+                    await response.read()
+                raise _Failed(f"HTTP {response.status}", connect=False)
+            out_headers = [(k, v) for k, v in response.headers if k.lower() not in DROP]
             out_headers.append((b"x-kvroute-worker", decision.worker_id.encode()))
             out_headers.append((b"x-kvroute-hit-tokens", b"%d" % decision.hit_tokens))
             out_headers.append((b"x-kvroute-request-id", decision.request_id.encode()))
-            is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
-            if not (stream and is_sse):
+            ctype = response.header(b"content-type") or b""
+            if not (stream and ctype.startswith(b"text/event-stream")):
                 try:
-                    body = await response.aread()
-                except httpx.HTTPError as exc:  # nothing sent yet: still retryable
-                    raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
+                    body = await response.read()
+                except UpstreamError as exc:  # nothing sent yet: still retryable
+                    raise _Failed(str(exc), connect=True) from None
                 out_headers.append((b"content-length", b"%d" % len(body)))
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status_code,
-                        "headers": out_headers,
-                    }
-                )
+                start = {"type": "http.response.start", "status": response.status}
+                await send({**start, "headers": out_headers})
                 await send({"type": "http.response.body", "body": body})
-                if response.status_code == 200:
+                if response.status == 200:
                     self._observe(decision, cached_tokens_of(body))
-                return "ok" if response.status_code < 400 else f"http_{response.status_code}"
+                return "ok" if response.status < 400 else f"http_{response.status}"
             return await self._stream(send, response, out_headers, decision, want_usage)
         finally:
-            await response.aclose()
+            response.close()
 
     async def _stream(
         self,
         send: Send,
-        response: httpx.Response,
+        response: UpstreamResponse,
         headers: list[tuple[bytes, bytes]],
         decision: Decision,
         want_usage: bool,
     ) -> str:
-        chunks = response.aiter_raw()
+        chunks = response.chunks()
         try:  # the first chunk before our head: a failure here is still retryable
             first = await chunks.__anext__()
         except StopAsyncIteration:
             first = b""
-        except httpx.HTTPError as exc:
-            raise _Failed(f"{type(exc).__name__}: {exc}", connect=True) from None
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        )
+        except UpstreamError as exc:
+            raise _Failed(str(exc), connect=True) from None
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         tail = first if want_usage else b""
         await send({"type": "http.response.body", "body": first, "more_body": True})
         outcome = "ok"
@@ -341,7 +328,7 @@ class ProxyMiddleware:
                 if want_usage:
                     tail = (tail + chunk)[-65536:]
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:  # the engine died mid-stream: tell the client in-band
+        except UpstreamError as exc:  # the engine died mid-stream: tell the client in-band
             outcome = "upstream_broken"
             self.proxy.counters.worker(decision.worker_id).upstream_errors += 1
             err = msgspec.json.encode(

@@ -81,6 +81,7 @@ function update(s) {
   renderChart();
   renderRoutes(s);
   renderErrors(s);
+  renderProxy(s);
 }
 
 function groupKinds(s) {
@@ -381,6 +382,25 @@ function renderErrors(s) {
   for (const [label, value] of rows) {
     dl.append(el("dt", {}, label), el("dd", { class: value ? "nonzero" : "", "data-value": String(value) }, value ? rate(value) : "0"));
   }
+}
+
+// Per worker through the OpenAI proxy: live (or why not), routed, estimated hit tokens vs
+// the engines' reported cached tokens, share of exact estimates (the accuracy metric).
+function renderProxy(s) {
+  const p = s.proxy;
+  if (!p || !p.workers) return;
+  const share = (v) => (v === null || v === undefined ? "–" : `${(100 * v).toFixed(0)}%`);
+  const rows = Object.entries(p.workers).map(([id, w]) =>
+    el("tr", { "data-worker": id, class: w.live ? "" : "down" },
+      el("td", {}, id),
+      el("td", { title: w.why_not_live || "" }, w.live ? "yes" : "no"),
+      el("td", { class: "n" }, num(w.routed)),
+      el("td", { class: "n" }, num(w.estimated_tokens)),
+      el("td", { class: "n" }, num(w.cached_tokens)),
+      el("td", { class: "n" }, share(w.exact_share))),
+  );
+  if (rows.length) $("proxy").replaceChildren(...rows);
+  $("proxy-hint").textContent = `${num(p.requests)} requests · exact ${share(p.exact_share)}`;
 }
 
 // ---------------------------------------------------------------- wiring

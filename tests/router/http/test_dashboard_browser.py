@@ -272,6 +272,8 @@ def test_dashboard_shows_the_fleet_live(fleet: tuple[RouterThread, list[Engine]]
                 assert row.get_attribute("data-state") == "connected"
                 assert "g0 full/16" in row.inner_text() and "g1 swa 64/16" in row.inner_text()
             assert page.get_attribute("#event-rate", "data-value") is not None
+            # The OpenAI proxy panel lists every worker (live or not, and why).
+            assert page.locator("#proxy tr[data-worker]").count() == len(engines)
             # gaps · replays · resyncs: no frame was lost (the replays are the initial
             # catch-up each subscription makes).
             gaps, _replays, resyncs = page.inner_text("#gap-summary").split(" · ")

@@ -150,3 +150,51 @@ def shutdown(router: RouterProc) -> None:
     stop(router.proc)
     for e in router.engines:
         stop(e.proc)
+
+
+LIGHT = REPO / "benchmarks/light_engines.py"
+
+
+@dataclass
+class LightProc:
+    """Light engines in one real process (benchmarks/light_engines.py): own HTTP port and
+    own KV event stream each, and a ``POST /fault`` switch per engine."""
+
+    http: list[int]
+    pub: list[int]
+    replay: list[int]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.http[i]}"
+
+    def spec(self, i: int, worker_id: str) -> str:
+        return (
+            f"{worker_id}=tcp://127.0.0.1:{self.pub[i]},replay=tcp://127.0.0.1:{self.replay[i]},"
+            f"http={self.url(i)}"
+        )
+
+    def fault(self, i: int, **switch: Any) -> None:
+        httpx.post(f"{self.url(i)}/fault", json=switch, timeout=10).raise_for_status()
+
+
+def start_light(tmp: Path, n: int) -> LightProc:
+    ports = free_ports(3 * n)
+    light = LightProc(ports[0::3], ports[1::3], ports[2::3], tmp / "light.log")
+    triples = [f"{light.http[i]},{light.pub[i]},{light.replay[i]}" for i in range(n)]
+    with light.log.open("wb") as out:
+        light.proc = subprocess.Popen(
+            [sys.executable, str(LIGHT), "--ports", *triples],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def up() -> bool:
+        if light.proc is not None and light.proc.poll() is not None:
+            raise AssertionError(f"light engines exited:\n{light.log.read_text()[-2000:]}")
+        return b"ready" in light.log.read_bytes()
+
+    poll(up, "light engines up", START_TIMEOUT_S)
+    return light

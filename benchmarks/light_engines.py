@@ -1,0 +1,180 @@
+"""Many light engines in one process, for router benchmarks at fleet sizes where one
+``kvroute engine`` process per worker does not fit the machine (each holds ~270 MB).
+
+Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
+``ZmqEventPublisher``: PUB + replay ROUTER), like a real engine:
+
+* ``GET /health`` 200, ``GET /v1/models`` its model;
+* ``POST /v1/completions`` with a token-id prompt: the prompt's full blocks (16 tokens,
+  sha256 chain as vLLM) that this engine has not stored yet are published as one
+  ``BlockStored``; the answer is a one-token completion whose
+  ``usage.prompt_tokens_details.cached_tokens`` counts the leading blocks it already held
+  (text prompts are answered without caching). ``"stream": true`` gets the same as two
+  SSE events;
+* ``POST /fault`` (tests): ``{"completions_status": 503}`` answers completions with that
+  status (the blocks are still stored and published: a worker whose cache holds the
+  prompt but whose HTTP fails), ``{"health_status": 500}`` fails ``/health``,
+  ``{"close_events": true}`` closes its KV event stream.
+
+No model, no scheduler: the point is a fleet that answers in tens of microseconds, so what
+a benchmark measures is the router. Run: ``python benchmarks/light_engines.py --ports
+HTTP,PUB,REPLAY [HTTP,PUB,REPLAY ...]`` (loopback only); it prints ``ready`` when all
+are up and runs until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from publisher.zmq_publisher import ZmqEventPublisher
+from schemas import BlockStored, KVEventBatch
+from schemas.hashing import block_hashes, external_hash
+
+BLOCK = 16
+MODEL = "kvroute-sim"
+_decode = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder()
+
+
+class LightEngine:
+    def __init__(self, worker_id: str, http: int, pub: int, replay: int) -> None:
+        self.worker_id, self.http = worker_id, http
+        self.publisher = ZmqEventPublisher(
+            f"tcp://*:{pub}", f"tcp://127.0.0.1:{replay}", topic=f"kv@{worker_id}"
+        )
+        self.stored: dict[bytes, None] = {}  # insertion-ordered: evict the oldest
+        self.capacity = 4096
+        self.completions_status = 200
+        self.health_status = 200
+
+    def complete(self, body: dict) -> bytes:
+        prompt = body.get("prompt")
+        cached, n_prompt = 0, 0
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            n_prompt = len(prompt)
+            digests = block_hashes(prompt, BLOCK)
+            hit = 0
+            while hit < len(digests) and digests[hit] in self.stored:
+                hit += 1
+            cached = hit * BLOCK
+            new = digests[hit:]
+            if new:
+                parent = external_hash(digests[hit - 1]) if hit else None
+                self.publisher.publish(
+                    KVEventBatch(
+                        ts=time.time(),
+                        events=[
+                            BlockStored(
+                                block_hashes=[external_hash(d) for d in new],
+                                parent_block_hash=parent,
+                                token_ids=list(prompt[hit * BLOCK : len(digests) * BLOCK]),
+                                block_size=BLOCK,
+                                lora_id=None,
+                                medium="GPU",
+                                lora_name=None,
+                            )
+                        ],
+                    )
+                )
+                for d in new:
+                    self.stored[d] = None
+                while len(self.stored) > self.capacity:
+                    del self.stored[next(iter(self.stored))]
+        usage = {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": 1,
+            "total_tokens": n_prompt + 1,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        return _encode.encode(
+            {
+                "id": f"cmpl-{self.worker_id}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": MODEL,
+                "choices": [{"index": 0, "text": " x", "finish_reason": "length"}],
+                "usage": usage,
+            }
+        )
+
+    def fault(self, body: dict) -> bytes:
+        self.completions_status = int(body.get("completions_status", self.completions_status))
+        self.health_status = int(body.get("health_status", self.health_status))
+        if body.get("close_events"):
+            self.publisher.shutdown(0.2)
+        return b"{}"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                line, *headers = head.split(b"\r\n")
+                method, path, _ = line.split(b" ", 2)
+                length = 0
+                for h in headers:
+                    if h[:15].lower() == b"content-length:":
+                        length = int(h[15:])
+                raw = await reader.readexactly(length) if length else b""
+                ctype, status = b"application/json", 200
+                if path == b"/health":
+                    out, status = b"{}", self.health_status
+                elif method == b"POST" and path == b"/fault":
+                    out = self.fault(_decode.decode(raw))
+                elif path == b"/v1/models":
+                    out = _encode.encode({"object": "list", "data": [{"id": MODEL}]})
+                elif method == b"POST" and path == b"/v1/completions":
+                    body = _decode.decode(raw)
+                    out = self.complete(body)
+                    status = self.completions_status
+                    if status != 200:
+                        out = b'{"error": {"code": "fault", "message": "injected"}}'
+                    elif body.get("stream") is True:
+                        ctype = b"text/event-stream"
+                        out = b"data: " + out + b"\n\ndata: [DONE]\n\n"
+                else:
+                    out, status = b'{"error": "not found"}', 404
+                writer.write(
+                    b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+                    % (status, ctype, len(out), out)
+                )
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+
+async def run(ports: list[tuple[int, int, int]]) -> None:
+    engines = [LightEngine(f"l{i}", *p) for i, p in enumerate(ports)]
+    servers = [await asyncio.start_server(e.handle, "127.0.0.1", e.http) for e in engines]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    print("ready", flush=True)
+    await stop.wait()
+    for s in servers:
+        s.close()
+    for e in engines:
+        e.publisher.shutdown(0.2)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ports", nargs="+", required=True, help="HTTP,PUB,REPLAY per engine")
+    args = p.parse_args()
+    ports = [tuple(int(x) for x in s.split(",")) for s in args.ports]
+    asyncio.run(run(ports))  # type: ignore[arg-type]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
