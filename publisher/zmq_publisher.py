@@ -42,6 +42,8 @@ _REPLAY_REQUESTS_PER_TURN = 16
 _SENDS_PER_TURN = 1024
 # Upper bound on one poll; wake-ups normally come from the socket pair long before.
 _POLL_MS = 500
+# A repeating fault (drops, malformed replay requests) is logged at most this often.
+LOG_INTERVAL_S = 60.0
 
 
 class EventPublisher(ABC):
@@ -122,6 +124,7 @@ class ZmqEventPublisher(EventPublisher):
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = itertools.count()
         self._drop_lock = threading.Lock()
+        self._logged_at: dict[str, float] = {}  # per fault kind, when last logged
         self._closed = False  # publish() stops queueing
         self._shut_down = False  # shutdown() was called
         self._stopping = threading.Event()
@@ -212,10 +215,20 @@ class ZmqEventPublisher(EventPublisher):
         if n <= 0:
             return
         with self._drop_lock:
-            first = self.dropped == 0
             self.dropped += n
-        if first:
-            log.warning("KV event batches dropped (%s); counting in .dropped", why)
+            total = self.dropped
+        self._log_limited("dropped", "KV event batches dropped (%s); %d so far", why, total)
+
+    def _log_limited(self, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
+        """A repeating fault stays visible: logged at once, then at most once per
+        ``LOG_INTERVAL_S`` with the running count (never "once per process")."""
+        now = time.monotonic()
+        with self._drop_lock:
+            last = self._logged_at.get(key)
+            if last is not None and now - last < LOG_INTERVAL_S:
+                return
+            self._logged_at[key] = now
+        log.warning(msg, *args, exc_info=exc_info)
 
     def _discard_queued(self, why: str) -> None:
         n = 0
@@ -329,8 +342,13 @@ class ZmqEventPublisher(EventPublisher):
                 payload = encode_batch(batch)
             except Exception:  # a caller handed us something that is not a batch
                 self.encode_errors += 1
+                self._log_limited(
+                    "encode",
+                    "KV event batch failed to encode; %d so far",
+                    self.encode_errors,
+                    exc_info=True,
+                )
                 self._count_dropped(1, "batch failed to encode")
-                log.exception("KV event batch failed to encode")
                 continue
             seq = next(self._seq)
             pub.send_multipart((self._topic_bytes, seq.to_bytes(8, "big"), payload))
@@ -346,8 +364,12 @@ class ZmqEventPublisher(EventPublisher):
                 return
             if len(frames) != 3 or len(frames[2]) != 8:
                 self.bad_replay_requests += 1
-                if self.bad_replay_requests == 1:
-                    log.warning("ignoring malformed replay request (%d frames)", len(frames))
+                self._log_limited(
+                    "bad_replay",
+                    "ignoring malformed replay request (%d frames); %d so far",
+                    len(frames),
+                    self.bad_replay_requests,
+                )
                 continue
             self.replay_requests += 1
             identity, start_seq = frames[0], int.from_bytes(frames[2], "big")

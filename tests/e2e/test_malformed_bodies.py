@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from _helpers import serve_app
@@ -52,13 +53,29 @@ async def test_no_body_makes_a_5xx() -> None:
     rng = random.Random(3)
     app = create_app(settings=RouterSettings())
     async with serve_app(app) as client:
+        rss_before = _rss_mb()
+        statuses: dict[int, int] = {}
         for method, path in ENDPOINTS:
             for body in bodies(rng, 1000):
                 r = await client.request(
                     method, path, content=body, headers={"content-type": "application/json"}
                 )
                 assert r.status_code < 500, (path, body[:80], r.status_code, r.text[:200])
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
                 if r.status_code >= 400:
                     err = r.json()
                     assert set(err) == {"error"} and err["error"]["code"], (path, r.text[:200])
         assert (await client.get("/healthz")).status_code == 200
+        grew = _rss_mb() - rss_before
+        print(
+            f"\n{sum(statuses.values())} malformed bodies: {sorted(statuses.items())}; "
+            f"RSS +{grew:.0f} MB"
+        )
+        assert grew < 100  # bounded: nothing a rejected body carried is kept
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")

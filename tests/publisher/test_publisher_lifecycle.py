@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from _zmq_client import (
     wait_until,
 )
 
-from publisher import ZmqEventPublisher
+from publisher import ZmqEventPublisher, zmq_publisher
 from schemas import AllBlocksCleared, BlockStored, KVEventBatch, decode_batch
 
 
@@ -293,3 +294,24 @@ def test_connect_mode_publishes_to_a_binding_subscriber(
         pub.publish(KVEventBatch(ts=1.0, events=[event]))
     topic, _, body = sub.recv_multipart()
     assert topic == b"up" and decode_batch(body).events == [event]
+
+
+def test_drops_stay_visible_in_the_log(
+    make_pub: Callable[..., ZmqEventPublisher],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 14 item 10: a fault that repeats is logged again (with its running count)
+    after each ``LOG_INTERVAL_S``, not once per process. Interval 0: every drop."""
+    caplog.set_level(logging.WARNING, logger="publisher.zmq_publisher")
+    pub = make_pub("tcp://127.0.0.1:*", max_queue_size=1, start=False)
+    pub.publish(batch(0))
+    pub.publish(batch(1))  # dropped: logged at once
+    monkeypatch.setattr(zmq_publisher, "LOG_INTERVAL_S", 0.0)
+    pub.publish(batch(2))
+    pub.publish(batch(3))
+    lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(lines) == 3 and lines[-1].endswith("3 so far"), lines
+    monkeypatch.setattr(zmq_publisher, "LOG_INTERVAL_S", 3600.0)
+    pub.publish(batch(4))  # inside the interval: counted, not logged
+    assert pub.dropped == 4 and len(caplog.records) == 3

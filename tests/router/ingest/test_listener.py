@@ -7,6 +7,7 @@ the wrong way round stays silent, and the router says so.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -151,3 +152,28 @@ async def test_wrong_topic_is_reported_silent(service: RouterService) -> None:
         assert info.state == "connected" and info.events == 0
     finally:
         pub.shutdown()
+
+
+async def test_unusable_topics_keep_being_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """An engine publishing under a topic that names no worker: counted, and logged
+    for as long as it lasts (rate-limited with counts), not once per topic forever."""
+    caplog.set_level(logging.WARNING, logger="router.ingest.listener")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    svc = RouterService(RouterSettings(listen=endpoint))
+    await svc.start()
+    pub = ZmqEventPublisher(endpoint, topic="kv@bad id")
+    try:
+        listener = svc.listener
+        assert listener is not None
+
+        def three() -> bool:
+            pub.publish(_store(1))
+            return listener.unknown_topics >= 3
+
+        await wait_until(three, "three frames with an unusable topic")
+        lines = [r.getMessage() for r in caplog.records if "unusable topic" in r.getMessage()]
+        assert len(lines) >= 3 and "(3 so far)" in lines[2], lines
+        assert await svc.worker_infos() == []
+    finally:
+        pub.shutdown()
+        await svc.stop()
