@@ -148,6 +148,9 @@ class RouterSettings(BaseSettings):
     # Dashboard stream (/v1/stream): seconds between summaries
     stream_period_s: float = Field(default=1.0, gt=0)
     stream_max_clients: int = Field(default=256, ge=1)
+    # Requests per second per client address (token bucket; 0 = off) and its burst.
+    client_rate_limit: float = Field(default=2000.0, ge=0)
+    client_rate_burst: int = Field(default=4000, ge=1)
     stream_queue_size: int = Field(default=8, ge=1)
     # Routing (/v1/route; see router.routing.policy and docs/routing.md#api)
     route_policy: str = "kv_aware"

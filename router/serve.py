@@ -102,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"most concurrent /v1/stream clients ({env}STREAM_MAX_CLIENTS)",
     )
     add(
+        "--client-rate-limit",
+        type=float,
+        help=f"requests/s per client address, 0 = off ({env}CLIENT_RATE_LIMIT, 2000)",
+    )
+    add(
+        "--client-rate-burst",
+        type=int,
+        help=f"requests a client may send at once above its rate ({env}CLIENT_RATE_BURST, 4000)",
+    )
+    add(
         "--stream-queue-size",
         type=int,
         help=f"summaries queued per stream client before it is dropped ({env}STREAM_QUEUE_SIZE)",

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from router.config import RouterSettings
 from router.http import health, routing, scoring, stream, workers
 from router.http.deps import ApiError
+from router.http.ratelimit import ClientRateLimiter, RateLimitCollector, RateLimitMiddleware
 from router.index import IndexUnavailable
 from router.proxy import install as install_proxy
 from router.service import RouterService, UnknownWorker
@@ -193,6 +194,15 @@ def create_app(
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=svc.settings.max_request_tokens * 12 + (1 << 20)
     )
+    settings = svc.settings
+    if settings.client_rate_limit > 0:
+        limiter = ClientRateLimiter(settings.client_rate_limit, settings.client_rate_burst)
+        app.state.rate_limiter = limiter
+        try:
+            svc.metrics.registry.register(RateLimitCollector(limiter))
+        except ValueError:  # the same service behind a second app
+            log.debug("rate-limit metrics already registered")
+        app.add_middleware(RateLimitMiddleware, limiter=limiter)
     app.include_router(health.router)
     app.include_router(workers.router)
     app.include_router(scoring.router)
