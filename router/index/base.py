@@ -58,9 +58,12 @@ class GroupMeta(msgspec.Struct, frozen=True, array_like=True):
     kind: str
     block_size: int
     sliding_window: int | None = None
+    # > 1: a full-attention group indexed per hash unit (``block_size``) whose engine
+    # blocks span this many units (vLLM's partial-hash hits; ``schemas.hit_rule``).
+    block_units: int = 1
 
     def spec(self) -> GroupSpec:
-        return GroupSpec(self.kind, self.block_size, self.sliding_window)
+        return GroupSpec(self.kind, self.block_size, self.sliding_window, self.block_units)
 
     @property
     def rule(self) -> str:

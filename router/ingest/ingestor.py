@@ -42,6 +42,7 @@ from router.index.base import (
 )
 from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
+from router.ingest.partials import PendingPartials
 from schemas import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -80,6 +81,7 @@ class Ingestor:
         # Per worker, the token ranges of recent stores with their unit keys: where a
         # parent no event named is found by its tokens (``KeyPlanner._locate``).
         self._recent: dict[str, deque[tuple[Any, list[BlockKey]]]] = {}
+        self._partials: dict[str, PendingPartials] = {}  # partial entries not keyed yet
         self._warned: set[str] = set()
 
     # -- worker lifecycle -------------------------------------------------------------
@@ -98,6 +100,7 @@ class Ingestor:
         """AllBlocksCleared / resync: drop entries, keep the worker and its groups known."""
         state = await self._state(worker_id)
         await self.index.clear_worker(worker_id)
+        self._pending(worker_id).clear()
         self.counters.worker_clears += 1
         if state.hash_mode != "unknown":
             state.hash_mode = "unknown"
@@ -124,6 +127,7 @@ class Ingestor:
         """Entries, maps and metadata gone (``DELETE /v1/workers/{id}``)."""
         self._states.pop(worker_id, None)
         self._recent.pop(worker_id, None)
+        self._pending(worker_id).clear()
         await self.index.remove_worker(worker_id)
 
     async def worker_groups(self, worker_id: str) -> dict[int, GroupInfo]:
@@ -148,6 +152,12 @@ class Ingestor:
         return state.hash_mode if state is not None else "unknown"
 
     # -- the write path ---------------------------------------------------------------
+
+    def _pending(self, worker_id: str) -> PendingPartials:
+        got = self._partials.get(worker_id)
+        if got is None:
+            got = self._partials[worker_id] = PendingPartials(self.counters)
+        return got
 
     def _bad(self, why: str) -> None:
         self.counters.bad_events += 1
@@ -179,22 +189,25 @@ class Ingestor:
         window = ev.kv_cache_spec_sliding_window
         if window is None and old is not None and old.kind == kind:
             window = old.sliding_window
-        size = bs if old is None else max(old.block_size, bs)
-        unit = state.hash_unit
-        if state.settings.partial_hash_hits and kind in MAMBA_KINDS and unit and size > unit:
-            # vLLM's partial-hash hits: mamba states are looked up at every hash unit
-            # (block or partial entry), so the group is indexed and scored at the unit.
-            size = unit
+        size = bs if old is None else max(old.block_size * old.block_units, bs)
+        unit, units = state.hash_unit, 1
+        # vLLM's partial-hash hits look mamba states up at every hash unit and full
+        # attention's partial entries inside a block: such groups are indexed per unit
+        # (``GroupMeta.block_units``; the hit rule in ``schemas.hit_rule``).
+        fine = kind in MAMBA_KINDS or kind in FULL_KINDS
+        if state.settings.partial_hash_hits and fine and unit and size > unit and not size % unit:
+            size, units = unit, size // unit
         if (
             old is not None
             and old.kind == kind
             and old.block_size == size
             and old.sliding_window == window
+            and old.block_units == units
         ):
             return old
         if old is not None:
             self.counters.group_changes += 1
-        meta = state.groups[g] = GroupMeta(kind, size, window)
+        meta = state.groups[g] = GroupMeta(kind, size, window, units)
         return meta
 
     def _learn_unit(
@@ -267,6 +280,7 @@ class Ingestor:
         """Look up, in every map of the worker, the engine hashes the batch needs."""
         wanted: set[EngineHash] = set()
         sizes = {m.block_size for m in state.groups.values()}
+        partials = state.settings.partial_hash_hits
         for ev in batch.events:
             if not isinstance(ev, BlockStored):
                 continue
@@ -283,6 +297,8 @@ class Ingestor:
                 wanted.add(ev.parent_block_hash)
             if bs is not None and len(ev.block_hashes) * bs != len(tokens):
                 wanted.update(ev.block_hashes)  # a sparse store: anchors for placement
+            elif partials and bs == state.hash_unit:
+                wanted.update(ev.block_hashes)  # a partial entry another group keyed
         todo = [h for h in wanted if h not in known]
         for bs in sorted(sizes):
             if not todo:
@@ -332,7 +348,10 @@ class Ingestor:
         state = await self._state(worker_id)
         before = (dict(state.groups), state.hash_mode, state.hash_unit)
         ops: list[Op] = []
+        pend = self._pending(worker_id)
         self._learn_unit(state, batch, ops, known)
+        if ops:  # a new hash unit voided every key
+            pend.clear()
         await self._resolve(worker_id, state, batch, known)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
@@ -350,7 +369,7 @@ class Ingestor:
                 ops.append(SeqOp(*pending.pop()[1:]))
             if isinstance(ev, BlockStored):
                 c.events_stored += 1
-                self._store(state, ev, keyed.get(i), ops)
+                self._store(state, ev, keyed.get(i), ops, pend)
             elif isinstance(ev, BlockRemoved):
                 c.events_removed += 1
                 g = self._group(ev.group_idx)
@@ -361,22 +380,30 @@ class Ingestor:
                     self._bad(f"unknown medium {ev.medium!r}")
                 elif g not in state.groups:
                     c.blocks_removed_missing += len(ev.block_hashes)
-                else:
-                    ops.append(RemoveOp(g, bit, list(ev.block_hashes)))
+                elif gone := pend.take_removed(g, bit, ev.block_hashes):
+                    ops.append(RemoveOp(g, bit, gone))
             elif isinstance(ev, AllBlocksCleared):
                 c.events_cleared += 1
                 ops.append(ClearOp())
+                pend.clear()
                 state.hash_mode = "unknown"
             else:
                 c.events_unknown += 1
 
+        pend.place(planner, known)
+        ops += pend.ready(known)
         ops += [SeqOp(*m[1:]) for m in reversed(pending)]  # batches with no events
         if (state.groups, state.hash_mode, state.hash_unit) != before:
             await self.index.save_worker(worker_id, state)
         return dict(state.groups), ops
 
     def _store(
-        self, state: WorkerState, ev: BlockStored, keyed: Keyed | None, ops: list[Op]
+        self,
+        state: WorkerState,
+        ev: BlockStored,
+        keyed: Keyed | None,
+        ops: list[Op],
+        pend: PendingPartials,
     ) -> None:
         c = self.counters
         g = self._group(ev.group_idx)
@@ -403,6 +430,8 @@ class Ingestor:
         if (_size(ev.block_size) or meta.block_size) < meta.block_size:
             c.partial_stores += 1
         c.unknown_parent += keyed.unknown_parent
+        if keyed.partial_unknown_prefix:
+            pend.add(g, bit, ev, [h for h in ev.block_hashes if h not in keyed.hashes])
         c.unresolved_blocks += keyed.unresolved
         c.unplaced_blocks += keyed.unplaced
         if keyed.hashes:

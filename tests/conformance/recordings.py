@@ -30,7 +30,13 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-conformance"
 # Decoder counters that mean information was lost or refused.
 DECODE_REJECTS = ("unknown_event_types", "unknown_fields", "malformed_events", "legacy_events")
 # Ingest counters that mean an event (or some of its blocks) was rejected.
-INGEST_REJECTS = ("bad_events", "unknown_parent", "unresolved_blocks", "bad_groups")
+INGEST_REJECTS = (
+    "bad_events",
+    "unknown_parent",
+    "unresolved_blocks",
+    "bad_groups",
+    "partial_unknown_prefix",
+)
 
 
 @dataclass
