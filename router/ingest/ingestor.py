@@ -24,6 +24,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from router.index.base import (
@@ -43,6 +44,7 @@ from router.index.base import (
 from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.partials import PendingPartials
+from router.ingest.reannounce import find_reannouncements
 from schemas import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -307,28 +309,6 @@ class Ingestor:
             known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
             todo = [h for h, k in zip(todo, found, strict=True) if k is None]
 
-    async def _held_roots(
-        self, worker_id: str, state: WorkerState, batch: KVEventBatch
-    ) -> set[EngineHash]:
-        """Hashes of chain starts (parent None) in full-attention groups that the index
-        holds already, before this batch: the candidates for re-announcements."""
-        roots: dict[int, set[EngineHash]] = {}
-        for ev in batch.events:
-            if (
-                isinstance(ev, BlockStored)
-                and ev.parent_block_hash is None
-                and ev.token_ids
-                and self._kind(state, ev) in FULL_KINDS
-                and _size(ev.block_size)
-            ):
-                roots.setdefault(ev.block_size, set()).update(ev.block_hashes)
-        held: set[EngineHash] = set()
-        for bs, hashes in roots.items():
-            hs = list(hashes)
-            found = await self.index.resolve(worker_id, bs, hs, live_only=True)
-            held.update(h for h, k in zip(hs, found, strict=True) if k is not None)
-        return held
-
     def _kind(self, state: WorkerState, ev: BlockStored) -> str:
         if ev.kv_cache_spec_kind:
             return ev.kv_cache_spec_kind
@@ -356,9 +336,13 @@ class Ingestor:
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
         if state.settings.report_full:
-            held = await self._held_roots(worker_id, state, batch)
-            planner.find_reannouncements(
-                held, lambda ev: self._kind(state, ev) in FULL_KINDS, [m[0] for m in marks]
+            planner.reannounced = await find_reannouncements(
+                self.index,
+                worker_id,
+                state,
+                batch,
+                partial(self._kind, state),
+                [m[0] for m in marks],
             )
         keyed = planner.run()
         recent.extend((t, u) for t, u, here in planner.ranges if here)

@@ -10,8 +10,7 @@ the operations go out in event order.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -70,7 +69,8 @@ class KeyPlanner:
         self.ranges: list[tuple[Any, list[BlockKey], bool]] = [
             (t, u, False) for t, u in (recent or ())
         ]
-        self.reannounced: set[tuple[int, ...]] = set()
+        # Stores that re-announce a hit (``router.ingest.reannounce``): no new copies.
+        self.reannounced: set[int] = set()
 
     @cached_property
     def salts(self) -> list[str | None]:
@@ -85,58 +85,15 @@ class KeyPlanner:
                     salts.append(salt)
         return salts
 
-    def find_reannouncements(
-        self,
-        held: set[EngineHash],
-        is_full: Callable[[BlockStored], bool],
-        starts: Sequence[int] = (),
-    ) -> None:
-        """vLLM's ``kv_cache_report_mode: "full"`` re-sends a request's hit prefix, one
-        chain start (parent None) per group, when it looks the prefix up: blocks already
-        cached, not new copies (and, in sliding-window groups, hashes of blocks that are
-        not cached at all); the same step then caches the request's new blocks, chained
-        from the last re-announced one. So a full-attention chain start whose every block
-        the index held before this batch, and that a later store of the batch continues,
-        is taken for one -- and so is every group's chain start over the same tokens. A
-        prefix recomputed from 0 (hybrid groups that missed) has the same shape but is not
-        continued in its step: those are copies. (A re-announced request that computes no
-        new full block is not recognised: its blocks count one copy too many.)"""
-        # ``starts``: where each published batch (one engine step) begins in this merged
-        # batch; "held before" and "continued" are judged per step.
-        events = self.events
-        segment = [bisect_right(starts, i) for i in range(len(events))]
-        continued = {
-            (segment[i], ev.group_idx, ev.parent_block_hash)
-            for i, ev in enumerate(events)
-            if isinstance(ev, BlockStored) and ev.parent_block_hash is not None
-        }
-        before = set(held)
-        this_step: set[EngineHash] = set()
-        current = 0
-        for i, ev in enumerate(events):
-            if segment[i] != current:  # an earlier step's stores were held before this one
-                before |= this_step
-                this_step = set()
-                current = segment[i]
-            if not isinstance(ev, BlockStored):
-                continue
-            if (
-                ev.parent_block_hash is None
-                and ev.token_ids
-                and ev.block_hashes
-                and (current, ev.group_idx, ev.block_hashes[-1]) in continued
-                and is_full(ev)
-                and all(h in before for h in ev.block_hashes)
-            ):
-                self.reannounced.add(tuple(ev.token_ids))
-            this_step.update(ev.block_hashes)
-
     def run(self) -> dict[int, Keyed]:
         out: dict[int, Keyed] = {}
         dense: list[int] = []
         sparse: list[int] = []
         for i, ev in enumerate(self.events):
             if not isinstance(ev, BlockStored) or not ev.block_hashes:
+                continue
+            if i in self.reannounced:
+                out[i] = Keyed(reannounce=True)
                 continue
             bs = self.block_size(ev)
             if bs is not None and len(ev.block_hashes) * bs != len(ev.token_ids):
@@ -319,12 +276,6 @@ class KeyPlanner:
         if not ev.token_ids:
             # Token-less stores (vLLM's offload connector): the map names what they copy.
             return self._named_only(ev)
-        if (
-            self.reannounced
-            and ev.parent_block_hash is None
-            and tuple(ev.token_ids) in self.reannounced
-        ):
-            return Keyed(reannounce=True)
         bs, unit, tokens = self.block_size(ev), self.unit, ev.token_ids
         if bs is None or not unit:
             return Keyed(error=f"invalid block_size {ev.block_size!r}")
