@@ -22,6 +22,7 @@ WAIT_S = 30.0
 REJECT_METRICS = (
     "kvroute_ingest_bad_events",
     "kvroute_ingest_unknown_parent",
+    "kvroute_ingest_partial_unknown_prefix",
     "kvroute_ingest_unresolved_blocks",
     "kvroute_ingest_bad_groups",
     "kvroute_unknown_events",

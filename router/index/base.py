@@ -305,6 +305,13 @@ class IndexBackend(ABC):
         """Per group, the number of blocks on each medium (``blocks_by_medium``)."""
 
     @abstractmethod
+    async def copies(
+        self, worker_id: str, group: int, keys: Sequence[BlockKey], medium_bit: int = GPU_BIT
+    ) -> list[int]:
+        """How many copies of each key ``group`` holds on the medium (0: not held) --
+        what tells a re-announced hit from a new copy (``router.ingest.reannounce``)."""
+
+    @abstractmethod
     async def fetch(
         self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
     ) -> dict[str, WorkerSnapshot | None]:

@@ -44,7 +44,7 @@ from router.index.base import (
 from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.partials import PendingPartials
-from router.ingest.reannounce import find_reannouncements
+from router.ingest.reannounce import Unwritten, find_reannouncements
 from schemas import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -255,11 +255,14 @@ class Ingestor:
         """
         plans: list[tuple[str, dict[int, GroupMeta], list[Op]]] = []
         carried: dict[str, dict[EngineHash, BlockKey]] = {}
+        # Per worker, what earlier batches of this call changed (not yet in the index).
+        unwritten: dict[str, Unwritten] = {}
         for item in items:
             worker_id, batch = item[0], item[1]
             marks = item[2] if len(item) > 2 else ()
             known = carried.setdefault(worker_id, {})
-            groups, ops = await self._plan(worker_id, batch, known, marks)
+            delta = unwritten.setdefault(worker_id, Unwritten())
+            groups, ops = await self._plan(worker_id, batch, known, marks, delta)
             if ops:
                 plans.append((worker_id, groups, ops))
         if not plans:
@@ -321,6 +324,7 @@ class Ingestor:
         batch: KVEventBatch,
         known: dict[EngineHash, BlockKey],
         marks: Sequence[SeqMark] = (),
+        delta: Unwritten | None = None,
     ) -> tuple[dict[int, GroupMeta], list[Op]]:
         """A batch as keyed operations; ``known`` carries mappings between batches."""
         c = self.counters
@@ -343,6 +347,7 @@ class Ingestor:
                 batch,
                 partial(self._kind, state),
                 [m[0] for m in marks],
+                delta,
             )
         keyed = planner.run()
         recent.extend((t, u) for t, u, here in planner.ranges if here)

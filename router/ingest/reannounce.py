@@ -27,12 +27,41 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
-from router.index.base import GPU_BIT, BlockKey, EngineHash, IndexBackend, WorkerState
-from schemas import BlockRemoved, BlockStored, KVEventBatch
+from router.index.base import GPU_BIT, EngineHash, IndexBackend, WorkerState
+from schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from schemas.hit_rule import FULL_KINDS, GroupSpec
 
 # vLLM emits one re-announcement per group back to back: partners are this close.
 _PARTNER_SPAN = 8
+
+
+class Unwritten:
+    """Copies stored minus copies removed per (group, hash) by batches planned but not
+    yet written to the index (a subscriber applies what it has received in one write),
+    and by the batch's own earlier events: a block is held at a point of the stream when
+    the index's copies plus these are above 0."""
+
+    def __init__(self) -> None:
+        self.delta: dict[tuple[int, EngineHash], int] = {}
+        self.cleared = False  # an AllBlocksCleared: the index's copies are void
+
+    def held(self, g: int, h: EngineHash, before: dict[tuple[int, EngineHash], int]) -> bool:
+        base = 0 if self.cleared else before.get((g, h), 0)
+        return base + self.delta.get((g, h), 0) > 0
+
+    def store(self, g: int, hashes: Sequence[EngineHash]) -> None:
+        d = self.delta
+        for h in hashes:
+            d[(g, h)] = d.get((g, h), 0) + 1
+
+    def remove(self, g: int, hashes: Sequence[EngineHash]) -> None:
+        d = self.delta
+        for h in hashes:
+            d[(g, h)] = d.get((g, h), 0) - 1
+
+    def clear(self) -> None:
+        self.delta.clear()
+        self.cleared = True
 
 
 def _chain_start(ev: object) -> bool:
@@ -70,11 +99,14 @@ async def find_reannouncements(
     batch: KVEventBatch,
     kind_of: Callable[[BlockStored], str],
     starts: Sequence[int] = (),
+    unwritten: Unwritten | None = None,
 ) -> set[int]:
     """Indices of the batch's stores that re-announce a hit (see the module doc).
 
     ``starts``: where each published batch (one engine step) begins in this merged
-    batch; partners are looked for within one step."""
+    batch; partners are looked for within one step. ``unwritten``: changes of earlier
+    batches not in the index yet; this batch's are added to it."""
+    delta = unwritten if unwritten is not None else Unwritten()
     events = batch.events
     cands: list[tuple[int, list[int]]] = []
     for i, ev in enumerate(events):
@@ -92,18 +124,12 @@ async def find_reannouncements(
             and kind_of(events[j]) not in FULL_KINDS  # type: ignore[arg-type]
         ]
         cands.append((i, partners))
-    if not cands:
-        return set()
-    member = await _held_before(index, worker_id, state, events, cands)
+    member = await _held_before(index, worker_id, state, events, cands) if cands else {}
     out: set[int] = set()
-    stored: dict[int, set[EngineHash]] = {}
-    removed: dict[int, set[EngineHash]] = {}
     todo = {i: partners for i, partners in cands}
 
     def held(g: int, h: EngineHash) -> bool:
-        if h in stored.get(g, ()):
-            return True
-        return h not in removed.get(g, ()) and h in member.get(g, ())
+        return delta.held(g, h, member)
 
     for i, ev in enumerate(events):
         partners = todo.get(i)
@@ -115,13 +141,11 @@ async def find_reannouncements(
         if i in out:
             continue  # names blocks already cached (or null ones): no change
         if isinstance(ev, BlockStored):
-            g = _group(ev)
-            stored.setdefault(g, set()).update(ev.block_hashes)
-            removed.get(g, set()).difference_update(ev.block_hashes)
+            delta.store(_group(ev), ev.block_hashes)
         elif isinstance(ev, BlockRemoved):
-            g = _group(ev)
-            removed.setdefault(g, set()).update(ev.block_hashes)
-            stored.get(g, set()).difference_update(ev.block_hashes)
+            delta.remove(_group(ev), ev.block_hashes)
+        elif isinstance(ev, AllBlocksCleared):
+            delta.clear()
     return out
 
 
@@ -153,42 +177,23 @@ async def _held_before(
     state: WorkerState,
     events: Sequence[object],
     cands: list[tuple[int, list[int]]],
-) -> dict[int, set[EngineHash]]:
-    """Per group, the candidates' hashes the worker held on GPU before the batch: each
-    candidate's blocks looked up (``resolve``) and their membership read (``fetch``)."""
-    member: dict[int, set[EngineHash]] = {}
+) -> dict[tuple[int, EngineHash], int]:
+    """Copies on GPU before the batch of every (group, hash) the candidates name: the
+    hashes looked up in the map (``resolve``), their copies read per group (``copies``)."""
+    wanted: dict[int, set[EngineHash]] = {}
     for i, partners in cands:
-        stores = [events[j] for j in (i, *partners)]
-        by_size: dict[int, list[EngineHash]] = {}
-        owners: list[tuple[int, int, list[EngineHash]]] = []
-        for ev in stores:
+        for j in (i, *partners):
+            ev = events[j]
             assert isinstance(ev, BlockStored)
-            g = _group(ev)
-            meta = state.groups.get(g)
-            if meta is None:
-                continue
-            hashes = list(ev.block_hashes)
-            by_size.setdefault(meta.block_size, hashes)
-            owners.append((g, meta.block_size, hashes))
-        if not owners:
+            if _group(ev) in state.groups:
+                wanted.setdefault(_group(ev), set()).update(ev.block_hashes)
+    out: dict[tuple[int, EngineHash], int] = {}
+    for g, hashes in wanted.items():
+        hs = list(hashes)
+        found = await index.resolve(worker_id, state.groups[g].block_size, hs, live_only=True)
+        named = [(h, k) for h, k in zip(hs, found, strict=True) if k is not None]
+        if not named:
             continue
-        keys_by_size: dict[int, list[BlockKey]] = {}
-        for bs, hashes in by_size.items():
-            found = await index.resolve(worker_id, bs, hashes, live_only=True)
-            if all(k is None for k in found):
-                continue
-            # An unknown hash gets a key no block has (the chain never yields 0 in
-            # practice); it reads as a miss.
-            keys_by_size[bs] = [0 if k is None else k for k in found]
-        if not keys_by_size:
-            continue
-        snap = (await index.fetch([worker_id], keys_by_size)).get(worker_id)
-        if snap is None:
-            continue
-        for g, bs, hashes in owners:
-            mask = snap.masks.get(g, b"")
-            if bs not in keys_by_size or by_size[bs] != hashes:
-                continue
-            got = member.setdefault(g, set())
-            got.update(h for h, m in zip(hashes, mask, strict=False) if m & GPU_BIT)
-    return member
+        counts = await index.copies(worker_id, g, [k for _, k in named], GPU_BIT)
+        out.update(((g, h), n) for (h, _), n in zip(named, counts, strict=True) if n)
+    return out

@@ -112,6 +112,13 @@ class KvrouteUnderTest:
     async def feed(self, wid: str, payload: bytes) -> None:
         await self.ingestor.apply_batch(wid, decode_batch(payload, self.decode_stats))
 
+    async def feed_many(self, frames: list[tuple[str, bytes]]) -> None:
+        """Several frames in one index write, as a subscriber applies what it has
+        received so far (later batches are planned before earlier ones are written)."""
+        await self.ingestor.apply_batches(
+            [(wid, decode_batch(p, self.decode_stats)) for wid, p in frames]
+        )
+
     async def hit_tokens(self, wid: str, probe: dict[str, Any]) -> int:
         """kvroute's answer to vLLM's probe: the worker's ``hit_tokens``."""
         kwargs: dict[str, Any] = {
@@ -147,18 +154,29 @@ class Outcome:
         )
 
 
-async def replay(rec: Recording, kv: KvrouteUnderTest, keep: int = 8) -> Outcome:
-    """Feed ``rec`` through ``kv``; compare at every probe."""
+async def replay(
+    rec: Recording, kv: KvrouteUnderTest, keep: int = 8, merged: bool = False
+) -> Outcome:
+    """Feed ``rec`` through ``kv``; compare at every probe. ``merged``: the frames
+    between two probes go in one ``apply_batches`` call (what a live subscriber that
+    fell behind does), else one call per frame."""
     # What the operator knows and registers: whether clients ask for full reports.
     kv.report_full = any(s["op"] == "action" and s["action"].get("report_full") for s in rec.steps)
     for rank in range(rec.dp_ranks):
         await kv.configure(worker_id(rank), rec.worker)
-    out = Outcome(rec.name)
+    out = Outcome(rec.name + (" (merged)" if merged else ""))
+    backlog: list[tuple[str, bytes]] = []
     for step in rec.steps:
         op = step["op"]
         if op == "frame":
-            await kv.feed(worker_id(step["dp_rank"]), step["payload"])
+            if merged:
+                backlog.append((worker_id(step["dp_rank"]), step["payload"]))
+            else:
+                await kv.feed(worker_id(step["dp_rank"]), step["payload"])
         elif op == "probe":
+            if backlog:
+                await kv.feed_many(backlog)
+                backlog = []
             got = await kv.hit_tokens(worker_id(step["dp_rank"]), step)
             want = step["expected_hit_tokens"]
             out.total += 1
@@ -176,5 +194,7 @@ async def replay(rec: Recording, kv: KvrouteUnderTest, keep: int = 8) -> Outcome
                     f"salt={step['cache_salt']}, skip={step['skip_prefix_cache']}): "
                     f"vLLM {want}, kvroute {got}"
                 )
+    if backlog:
+        await kv.feed_many(backlog)
     out.rejects = kv.rejects()
     return out

@@ -73,10 +73,13 @@ async def kvroute(request: pytest.FixtureRequest) -> AsyncIterator[KvrouteUnderT
     await index.close()
 
 
+@pytest.mark.parametrize("merged", [False, True], ids=["per-frame", "merged"])
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
-async def test_vllm_recording(path: Path, kvroute: KvrouteUnderTest) -> None:
+async def test_vllm_recording(path: Path, kvroute: KvrouteUnderTest, merged: bool) -> None:
+    """Frames fed one write each, or all frames between two probes in one write (live,
+    the subscriber applies whatever arrived meanwhile): the same answers."""
     rec = load(path)
-    out = await replay(rec, kvroute)
+    out = await replay(rec, kvroute, merged=merged)
     OUTCOMES.append((type(kvroute.index).__name__, out))
     if rec.name in KNOWN_GAPS:
         floor, rejects, why = KNOWN_GAPS[rec.name]

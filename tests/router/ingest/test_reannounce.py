@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from _kv_streams import Harness, new_index, tokens
+from _kv_streams import Harness, new_index, tokens, wire
 
 from router.index.base import EngineSettings
 from schemas import BlockRemoved, BlockStored
@@ -94,3 +94,21 @@ async def test_hybrid_recompute_when_the_window_missed_is_a_copy(harness: Harnes
     # And a hit it re-announces (the window held) is no copy in either group.
     await harness.feed("w", full, _store([1, 2, 3], toks[:48], None, 1, SWA))
     assert harness.ingestor.counters.reannounced_blocks == 6
+
+
+@pytest.mark.parametrize("one_write", [False, True], ids=["batch-each", "one-write"])
+async def test_reannouncement_after_one_of_two_copies_left(
+    harness: Harness, one_write: bool
+) -> None:
+    toks = tokens(100, seed=5)
+    await harness.feed("w", _store([1], toks[:16], None), _store([2], toks[16:32], 1))
+    await harness.feed("w", _store([2], toks[16:32], 1))  # a resend re-caches it: 2 copies
+    evict, reannounce = wire(_removed([2])), wire(_store([1, 2], toks[:32], None))
+    if one_write:  # a subscriber that fell behind applies both in one write
+        await harness.ingestor.apply_batches([("w", evict), ("w", reannounce)])
+    else:
+        await harness.ingestor.apply_batch("w", evict)
+        await harness.ingestor.apply_batch("w", reannounce)
+    assert harness.ingestor.counters.reannounced_blocks == 2
+    await harness.feed("w", _removed([2]))  # the last copy
+    assert (await harness.one(toks, "w")).hit_tokens == 16
