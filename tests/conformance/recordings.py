@@ -24,6 +24,7 @@ import msgspec
 from router.index.base import IndexBackend
 from router.ingest.ingestor import Ingestor
 from router.score.scorer import Scorer
+from schemas import KVEventBatch
 from schemas.decode import DecodeStats, decode_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-conformance"
@@ -112,11 +113,17 @@ class KvrouteUnderTest:
     async def feed(self, wid: str, payload: bytes) -> None:
         await self.ingestor.apply_batch(wid, decode_batch(payload, self.decode_stats))
 
-    async def feed_many(self, frames: list[tuple[str, bytes]]) -> None:
-        """Several frames in one index write, as a subscriber applies what it has
-        received so far (later batches are planned before earlier ones are written)."""
+    async def feed_many(self, frames: list[tuple[str, int, int, bytes]]) -> None:
+        """Several frames (worker, rank, seq, payload) in one index write, merged per
+        worker the way the subscriber's writer merges what it has received so far
+        (``router.ingest.writer``): one batch, with a mark where each frame begins."""
+        merged: dict[str, tuple[list[Any], list[tuple[int, int, int, int]]]] = {}
+        for wid, rank, seq, payload in frames:
+            events, marks = merged.setdefault(wid, ([], []))
+            marks.append((len(events), rank, seq, 0))
+            events += decode_batch(payload, self.decode_stats).events
         await self.ingestor.apply_batches(
-            [(wid, decode_batch(p, self.decode_stats)) for wid, p in frames]
+            [(wid, KVEventBatch(0.0, events), marks) for wid, (events, marks) in merged.items()]
         )
 
     async def hit_tokens(self, wid: str, probe: dict[str, Any]) -> int:
@@ -165,12 +172,13 @@ async def replay(
     for rank in range(rec.dp_ranks):
         await kv.configure(worker_id(rank), rec.worker)
     out = Outcome(rec.name + (" (merged)" if merged else ""))
-    backlog: list[tuple[str, bytes]] = []
+    backlog: list[tuple[str, int, int, bytes]] = []
     for step in rec.steps:
         op = step["op"]
         if op == "frame":
             if merged:
-                backlog.append((worker_id(step["dp_rank"]), step["payload"]))
+                rank = step["dp_rank"]
+                backlog.append((worker_id(rank), rank, step["seq"], step["payload"]))
             else:
                 await kv.feed(worker_id(step["dp_rank"]), step["payload"])
         elif op == "probe":
