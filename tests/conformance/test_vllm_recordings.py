@@ -22,8 +22,9 @@ PATHS = recording_paths()
 OUTCOMES: list[tuple[str, Outcome]] = []  # read by conftest's terminal summary
 
 # What the stream cannot tell (docs/vllm.md, "What cannot be known"): these shapes are
-# pinned at today's figure, with no over-estimate, so any regression fails and the gap
-# stays documented.
+# pinned at today's figure (exact probes at least, rejects at most, merged writes place
+# a few more partial entries), with no over-estimate, so any regression fails and the
+# gap stays documented.
 KNOWN_GAPS: dict[str, tuple[int, dict[str, int], str]] = {
     "full_lora_salt": (
         159,
@@ -84,9 +85,10 @@ async def test_vllm_recording(path: Path, kvroute: KvrouteUnderTest, merged: boo
     if rec.name in KNOWN_GAPS:
         floor, rejects, why = KNOWN_GAPS[rec.name]
         # A gap stays on the safe side: what vLLM reuses is never over-estimated.
-        assert out.exact >= floor and out.over == 0 and out.rejects == rejects, (
+        within = all(0 < n <= rejects.get(k, 0) for k, n in out.rejects.items())
+        assert out.exact >= floor and out.over == 0 and within, (
             f"{rec.name}: {out.exact}/{out.total} exact (over {out.over}), rejects "
-            f"{out.rejects} (known gap: {why}; pinned at {floor}, no over, {rejects})"
+            f"{out.rejects} (known gap: {why}; pinned at {floor}, no over, at most {rejects})"
         )
         return
     assert out.rejects == {}, f"{rec.name}: events rejected {out.rejects}"
