@@ -28,7 +28,14 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
 from router.index.base import GPU_BIT, EngineHash, IndexBackend, WorkerState
-from schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from schemas import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    normalise_medium,
+)
 from schemas.hit_rule import FULL_KINDS, GroupSpec
 
 # vLLM emits one re-announcement per group back to back: partners are this close.
@@ -70,7 +77,12 @@ def _chain_start(ev: object) -> bool:
         and ev.parent_block_hash is None
         and bool(ev.token_ids)
         and bool(ev.block_hashes)
+        and _on_gpu(ev)
     )
+
+
+def _on_gpu(ev: BlockStored | BlockRemoved) -> bool:
+    return normalise_medium(ev.medium) == MEDIUM_GPU
 
 
 def _group(ev: BlockStored | BlockRemoved) -> int:
@@ -108,41 +120,44 @@ async def find_reannouncements(
     batches not in the index yet; this batch's are added to it."""
     delta = unwritten if unwritten is not None else Unwritten()
     events = batch.events
-    cands: list[tuple[int, list[int]]] = []
-    for i, ev in enumerate(events):
-        if not _chain_start(ev) or kind_of(ev) not in FULL_KINDS:  # type: ignore[arg-type]
-            continue
+    starts_of = {i: ev for i, ev in enumerate(events) if _chain_start(ev)}
+    cands: dict[int, list[int]] = {}  # full-attention chain start -> partners
+    for i, ev in starts_of.items():
         assert isinstance(ev, BlockStored)
+        if kind_of(ev) not in FULL_KINDS:
+            continue
         step = bisect_right(starts, i)
-        partners = [
-            j
-            for j in range(i + 1, min(len(events), i + 1 + _PARTNER_SPAN))
-            if bisect_right(starts, j) == step
-            and _chain_start(events[j])
-            and events[j].token_ids == ev.token_ids  # type: ignore[union-attr]
-            and _group(events[j]) != _group(ev)  # type: ignore[arg-type]
-            and kind_of(events[j]) not in FULL_KINDS  # type: ignore[arg-type]
-        ]
-        cands.append((i, partners))
+        partners = []
+        for j in range(i + 1, min(len(events), i + 1 + _PARTNER_SPAN)):
+            other = starts_of.get(j)
+            if (
+                isinstance(other, BlockStored)
+                and bisect_right(starts, j) == step
+                and other.token_ids == ev.token_ids
+                and _group(other) != _group(ev)
+                and kind_of(other) not in FULL_KINDS
+            ):
+                partners.append(j)
+        cands[i] = partners
     member = await _held_before(index, worker_id, state, events, cands) if cands else {}
     out: set[int] = set()
-    todo = {i: partners for i, partners in cands}
 
     def held(g: int, h: EngineHash) -> bool:
         return delta.held(g, h, member)
 
     for i, ev in enumerate(events):
-        partners = todo.get(i)
+        partners = cands.get(i)
         if partners is not None and i not in out:
             assert isinstance(ev, BlockStored)
-            if _is_reannouncement(state, ev, [events[j] for j in partners], held, kind_of):  # type: ignore[misc]
+            mates = [events[j] for j in partners]
+            if _is_reannouncement(state, ev, mates, held, kind_of):  # type: ignore[arg-type]
                 out.add(i)
                 out.update(partners)
         if i in out:
             continue  # names blocks already cached (or null ones): no change
-        if isinstance(ev, BlockStored):
+        if isinstance(ev, BlockStored) and _on_gpu(ev):
             delta.store(_group(ev), ev.block_hashes)
-        elif isinstance(ev, BlockRemoved):
+        elif isinstance(ev, BlockRemoved) and _on_gpu(ev):
             delta.remove(_group(ev), ev.block_hashes)
         elif isinstance(ev, AllBlocksCleared):
             delta.clear()
@@ -161,10 +176,9 @@ def _is_reannouncement(
         return False
     for p in partners:
         bs = p.block_size or 0
+        # Sparse: ``cache_full_blocks`` skipped null blocks; a re-announcement names them.
         if bs <= 0 or len(p.block_hashes) * bs != len(p.token_ids):
-            return (
-                False  # sparse: cache_full_blocks skipped null blocks, a re-announcement names them
-            )
+            return False
         tail = _tail(state, p, kind_of(p))
         if not all(held(_group(p), h) for h in p.block_hashes[-tail:]):
             return False
@@ -176,12 +190,12 @@ async def _held_before(
     worker_id: str,
     state: WorkerState,
     events: Sequence[object],
-    cands: list[tuple[int, list[int]]],
+    cands: dict[int, list[int]],
 ) -> dict[tuple[int, EngineHash], int]:
     """Copies on GPU before the batch of every (group, hash) the candidates name: the
     hashes looked up in the map (``resolve``), their copies read per group (``copies``)."""
     wanted: dict[int, set[EngineHash]] = {}
-    for i, partners in cands:
+    for i, partners in cands.items():
         for j in (i, *partners):
             ev = events[j]
             assert isinstance(ev, BlockStored)
