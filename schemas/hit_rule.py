@@ -220,8 +220,8 @@ def longest_hit(
     Keyword settings (defaults = the plain rule):
 
     * ``alignment``: hit granularity in tokens (default: the lcm of the block sizes); it
-      must be a multiple of every block size (sub-block partial-hash hits need the
-      partial entries, which block masks do not carry);
+      must be a multiple of every block size (partial-hash hits index their groups per
+      hash unit instead: ``GroupSpec.block_units``, rule ``"fine"``);
     * ``eagle``: vLLM's EAGLE last-block drop -- a full-attention or sliding-window
       group accepts ``p`` only if it would accept ``p + block_size`` with one more
       window block (the "peek" block past the hit is cached too), and that block lies
