@@ -212,6 +212,13 @@ class KeyPlanner:
             return got
         return None
 
+    def key_with_parent(self, ev: BlockStored) -> Keyed | None:
+        """``ev``'s keys once the map names its parent (a waiting partial entry)."""
+        got = self._keys(ev)
+        if isinstance(got, Keyed) and got.hashes and not got.unplaced and not got.error:
+            return got
+        return None
+
     def group_size(self, ev: BlockStored) -> int:
         """The engine block size of the event's group (see ``group_sizes``)."""
         g = ev.group_idx if isinstance(ev.group_idx, int) else 0

@@ -49,19 +49,27 @@ class PendingPartials:
             self._counters.partial_unknown_prefix += sum(slots.values())
 
     def place(self, planner: KeyPlanner, known: dict[EngineHash, BlockKey]) -> None:
-        """Key the waiting entries whose unit of tokens this batch's whole blocks show
-        (``KeyPlanner.place_partial``); ``ready`` then stores them."""
+        """Key the waiting entries whose parent this batch keyed (the partial entry one
+        unit before, announced later), or whose unit of tokens this batch's whole blocks
+        show (``KeyPlanner.place_partial``); ``ready`` then stores them."""
         if not self._by_hash:
             return
         slots = planner.new_partial_slots()
-        if not slots:
-            return
-        for h, ev in list(self._events.items()):
-            if h in known or ev.token_ids[0] not in slots:
-                continue
-            got = planner.place_partial(ev)
-            if got is not None:
-                known[h] = got.keys[0]
+        progress = True
+        while progress:  # a chain of waiting entries keys one link per pass
+            progress = False
+            for h, ev in list(self._events.items()):
+                if h in known:
+                    continue
+                if ev.parent_block_hash in known:
+                    got = planner.key_with_parent(ev)
+                elif ev.token_ids[0] in slots:
+                    got = planner.place_partial(ev)
+                else:
+                    continue
+                if got is not None:
+                    known[h] = got.keys[0]
+                    progress = True
 
     def take_removed(self, group: int, bit: int, hashes: Sequence[EngineHash]) -> list[EngineHash]:
         """The hashes of a removal the index must apply: a waiting copy is taken first

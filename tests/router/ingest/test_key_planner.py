@@ -97,3 +97,20 @@ async def test_partial_removed_before_its_block_is_counted(harness: Harness) -> 
     )
     c = harness.ingestor.counters
     assert (c.partial_unknown_prefix, c.blocks_removed_missing) == (1, 0)
+
+
+async def test_waiting_partials_keyed_once_their_parent_is(harness: Harness) -> None:
+    """Prompts ending at 176, 160 and 144 (units 10, 9, 8), announced in that order:
+    the first two wait for their parent, the third (starting block 2) keys them all."""
+    toks = tokens(256, seed=7)
+    full = [_store([1, 2], toks[:128], None, BLOCK, 0, FULL)]
+    full.append(_store([2], toks[:128], None, BLOCK, 1, MAMBA))
+    await harness.ingestor.apply_batch("w", wire(*full))
+    for h, parent, unit in ((11, 21, 10), (21, 20, 9), (20, 2, 8)):
+        part = toks[unit * UNIT : (unit + 1) * UNIT]
+        batch = [_store([h], part, parent, UNIT, g, k) for g, k in ((0, FULL), (1, MAMBA))]
+        await harness.ingestor.apply_batch("w", wire(*batch))
+    c = harness.ingestor.counters
+    assert (c.unknown_parent, c.partial_unknown_prefix, c.partial_late) == (0, 0, 4)
+    assert (await harness.one(toks[:180], "w")).hit_tokens == 176
+    assert (await harness.one(toks[:170], "w")).hit_tokens == 160
