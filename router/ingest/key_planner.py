@@ -120,8 +120,7 @@ class KeyPlanner:
         boundary inside a larger block) that does not start its block: its parent is a
         unit inside that block, and the units between the block start and it are in no
         event (vLLM publishes a block's tokens only once the block is full), so its key
-        cannot be computed -- nor its engine hash matched from a request's tokens (the
-        chain is seeded by vLLM's random ``NONE_HASH`` unless ``PYTHONHASHSEED`` is set)."""
+        cannot be computed from the stream (``place_partial`` finds it by its tokens)."""
         unit = self.unit
         if not unit or ev.block_size != unit or len(ev.block_hashes) != 1:
             return False
