@@ -22,6 +22,7 @@ WAIT_S = 30.0
 REJECT_METRICS = (
     "kvroute_ingest_bad_events",
     "kvroute_ingest_unknown_parent",
+    "kvroute_ingest_partial_unknown_prefix",
     "kvroute_ingest_unresolved_blocks",
     "kvroute_ingest_bad_groups",
     "kvroute_unknown_events",
@@ -42,7 +43,20 @@ class Router:
         spec = self._call("GET", "/openapi.json")
         schemas = spec.get("components", {}).get("schemas", {})
         self.worker_fields = set(schemas.get("WorkerCreate", {}).get("properties", {}))
-        self.score_fields = set(schemas.get("ScoreRequest", {}).get("properties", {}))
+        # The score route documents its body inline (it decodes with msgspec), older
+        # versions as a component.
+        body = (
+            spec.get("paths", {})
+            .get("/v1/score", {})
+            .get("post", {})
+            .get("requestBody", {})
+            .get("content", {})
+            .get("application/json", {})
+            .get("schema", {})
+        )
+        self.score_fields = set(body.get("properties", {})) | set(
+            schemas.get("ScoreRequest", {}).get("properties", {})
+        )
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()

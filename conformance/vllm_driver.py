@@ -204,7 +204,14 @@ def live(sc: Scenario, router_url: str) -> dict[str, Any]:
     relay.wait_subscribed()
     before = router.rejects()
     published = [-1] * sc.dp_ranks
-    res: dict[str, Any] = {"scenario": sc.name, "exact": 0, "total": 0, "over": 0, "under": 0}
+    res: dict[str, Any] = {
+        "scenario": sc.name,
+        "exact": 0,
+        "total": 0,
+        "over": 0,
+        "under": 0,
+        "mismatches": [],
+    }
 
     def on_step(item: dict[str, Any]) -> None:
         if item["op"] != "probe":
@@ -218,6 +225,10 @@ def live(sc: Scenario, router_url: str) -> dict[str, Any]:
         res["exact"] += got == want
         res["over"] += got > want
         res["under"] += got < want
+        if got != want and len(res["mismatches"]) < 8:
+            res["mismatches"].append(
+                f"probe {res['total']} ({item['request_id']}, rank {r}): vLLM {want}, kvroute {got}"
+            )
 
     def after_publish(rank: int) -> None:
         frames = sink.recv(rank)

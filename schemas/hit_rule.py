@@ -6,7 +6,13 @@ the lcm of every group's block size, and *every* group accepts ``p``:
 * full attention (and MLA): every block ending at b, 2b, ..., p is cached;
 * sliding window W: the last ``max(1, ceil((W - 1) / b))`` blocks ending at p are cached
   (all blocks up to p when p is shorter than that);
-* mamba: a state block ends exactly at p.
+* mamba: a state block ends exactly at p;
+* full attention with partial-hash hits (``block_units`` k > 1: the group's blocks are
+  k hash units, indexed per unit -- a block's entry at its last unit, partial entries at
+  the others): ``p`` up to ``F``, where ``F`` extends the run of leading cached blocks
+  (at most the request's cap allows) into the next block up to its highest partial
+  entry below that block's end and the cap (vLLM's fine-grained lookup); a block's KV is
+  append-only, so every shorter hit is served too.
 
 The answer is the largest such ``p`` -- not the minimum of per-group maxima: an old
 sliding-window block that was evicted costs nothing, a hole inside the window pulls ``p``
@@ -35,14 +41,20 @@ class GroupSpec:
     kind: str = KIND_FULL
     block_size: int = 16
     sliding_window: int | None = None
+    # Hash units per engine block when a full-attention group is indexed per unit
+    # (partial-hash hits); ``block_size`` is then the unit.
+    block_units: int = 1
 
     @property
     def rule(self) -> str:
-        """``"full"``, ``"sliding"`` or ``"mamba"``; unknown kinds count as full (strictest)."""
+        """``"full"``, ``"sliding"``, ``"mamba"`` or ``"fine"`` (full attention indexed per
+        hash unit with partial entries); unknown kinds count as full (strictest)."""
         if self.kind in SLIDING_KINDS and self.sliding_window:
             return "sliding"
         if self.kind in MAMBA_KINDS:
             return "mamba"
+        if self.block_units > 1:
+            return "fine"
         return "full"
 
     @property
@@ -52,6 +64,22 @@ class GroupSpec:
             return 0
         assert self.sliding_window is not None
         return max(1, math.ceil((self.sliding_window - 1) / self.block_size))
+
+
+def fine_reach(mask: bytes, k: int, cap_units: int) -> int:
+    """Units a fine-grained full-attention group serves (vLLM 0.33's
+    ``FullAttentionManager.find_longest_cache_hit`` with partial-hash hits): the leading
+    blocks whose entry (at unit ``(i+1)k - 1``) is cached, at most ``cap_units // k`` of
+    them, then the highest partial entry inside the next block below its last unit and
+    below ``cap_units`` (a block entry there is never probed)."""
+    blocks = 0
+    limit = min(cap_units, len(mask)) // k
+    while blocks < limit and mask[blocks * k + k - 1]:
+        blocks += 1
+    start = blocks * k
+    top = min(start + k - 1, cap_units, len(mask))
+    last = mask.translate(_INVERT).rfind(0, start, top) if top > start else -1
+    return last + 1 if last >= 0 else start
 
 
 def hit_step(groups: Sequence[GroupSpec]) -> int:
@@ -91,7 +119,14 @@ class GroupAcceptor:
 
     __slots__ = ("_b", "_hits", "_mask", "_prefix", "_rule", "_window")
 
-    def __init__(self, spec: GroupSpec, cached: Sequence[bool] | bytes | bytearray) -> None:
+    def __init__(
+        self,
+        spec: GroupSpec,
+        cached: Sequence[bool] | bytes | bytearray,
+        cap: int | None = None,
+    ) -> None:
+        """``cap``: the request's longest possible hit in tokens (``request_tokens - 1``);
+        only the ``"fine"`` rule needs it (vLLM probes partial entries below it)."""
         self._rule = spec.rule
         self._b = spec.block_size
         self._mask = mask = as_mask(cached)
@@ -100,6 +135,13 @@ class GroupAcceptor:
         if self._rule == "full":
             first_miss = mask.find(0)
             self._prefix = len(mask) if first_miss < 0 else first_miss
+        elif self._rule == "fine":
+            # ``_prefix``: units the group serves (``F`` in the module doc); the rule is
+            # then full attention at the unit.
+            self._prefix = fine_reach(
+                mask, spec.block_units, len(mask) if cap is None else cap // self._b
+            )
+            self._rule = "full"
 
     def accepts(self, end_block: int) -> bool:
         """True when a hit covering blocks ``[0, end_block)`` is usable by this group."""
@@ -153,8 +195,10 @@ class GroupAcceptor:
 def group_max_hit(
     spec: GroupSpec, cached: Sequence[bool] | bytes | bytearray, limit: int, step: int
 ) -> int:
-    """This group's own largest acceptable hit (per-group detail; not the answer)."""
-    return GroupAcceptor(spec, cached).floor(max(limit, 0) // step * step, step)
+    """This group's own largest acceptable hit (per-group detail; not the answer).
+    ``limit`` is also the cap of a ``"fine"`` group: exact when it is the request's cap
+    or the end of ``cached`` below it (nothing past the end is cached)."""
+    return GroupAcceptor(spec, cached, limit).floor(max(limit, 0) // step * step, step)
 
 
 def longest_hit(
@@ -176,8 +220,8 @@ def longest_hit(
     Keyword settings (defaults = the plain rule):
 
     * ``alignment``: hit granularity in tokens (default: the lcm of the block sizes); it
-      must be a multiple of every block size (sub-block partial-hash hits need the
-      partial entries, which block masks do not carry);
+      must be a multiple of every block size (partial-hash hits index their groups per
+      hash unit instead: ``GroupSpec.block_units``, rule ``"fine"``);
     * ``eagle``: vLLM's EAGLE last-block drop -- a full-attention or sliding-window
       group accepts ``p`` only if it would accept ``p + block_size`` with one more
       window block (the "peek" block past the hit is cached too), and that block lies
@@ -191,7 +235,8 @@ def longest_hit(
     if any(step % g.block_size for g in groups):
         raise ValueError(f"alignment {step} is not a multiple of every group's block size")
     if not eagle:
-        acceptors = [GroupAcceptor(g, c) for g, c in zip(groups, cached, strict=True)]
+        cap = request_tokens - 1
+        acceptors = [GroupAcceptor(g, c, cap) for g, c in zip(groups, cached, strict=True)]
         p = max_candidate(request_tokens, step)
         while p > 0:
             lowest = p

@@ -319,6 +319,7 @@ class SummaryBuilder:
                 "decode_errors": sum(w["decode_errors"] for w in workers),
                 "replay_failures": sum(w["replay_failures"] for w in workers),
                 "unknown_parent": counters.unknown_parent,
+                "partial_unknown_prefix": counters.partial_unknown_prefix,
                 "unresolved_blocks": counters.unresolved_blocks,
                 "bad_events": counters.bad_events,
                 "unknown_events": sum(

@@ -58,9 +58,12 @@ class GroupMeta(msgspec.Struct, frozen=True, array_like=True):
     kind: str
     block_size: int
     sliding_window: int | None = None
+    # > 1: a full-attention group indexed per hash unit (``block_size``) whose engine
+    # blocks span this many units (vLLM's partial-hash hits; ``schemas.hit_rule``).
+    block_units: int = 1
 
     def spec(self) -> GroupSpec:
-        return GroupSpec(self.kind, self.block_size, self.sliding_window)
+        return GroupSpec(self.kind, self.block_size, self.sliding_window, self.block_units)
 
     @property
     def rule(self) -> str:
@@ -300,6 +303,13 @@ class IndexBackend(ABC):
     @abstractmethod
     async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
         """Per group, the number of blocks on each medium (``blocks_by_medium``)."""
+
+    @abstractmethod
+    async def copies(
+        self, worker_id: str, group: int, keys: Sequence[BlockKey], medium_bit: int = GPU_BIT
+    ) -> list[int]:
+        """How many copies of each key ``group`` holds on the medium (0: not held) --
+        what tells a re-announced hit from a new copy (``router.ingest.reannounce``)."""
 
     @abstractmethod
     async def fetch(

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from router.index.base import (
     BIT_MEDIA,
+    GPU_BIT,
     ApplyResult,
     BlockKey,
     ClearOp,
@@ -329,6 +330,19 @@ class MemoryIndex(IndexBackend):
         if w is not None:
             self._clear(w)
             self._free.append(w.slot)
+
+    async def copies(
+        self, worker_id: str, group: int, keys: Sequence[BlockKey], medium_bit: int = GPU_BIT
+    ) -> list[int]:
+        w = self._workers.get(worker_id)
+        t = self._tables.get(group)
+        if w is None or not t:
+            return [0] * len(keys)
+        shift, extra = 8 * w.slot, w.copies
+        return [
+            1 + extra.get((group, medium_bit, k), 0) if (t.get(k, 0) >> shift) & medium_bit else 0
+            for k in keys
+        ]
 
     async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
         w = self._workers.get(worker_id)

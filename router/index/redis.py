@@ -36,6 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from router.index import redis_lua
 from router.index.base import (
     BIT_MEDIA,
+    GPU_BIT,
     ApplyResult,
     BlockKey,
     ClearOp,
@@ -418,6 +419,27 @@ class RedisIndex(IndexBackend):
             await pipe.execute()
 
         await self._call(run)
+
+    async def copies(
+        self, worker_id: str, group: int, keys: Sequence[BlockKey], medium_bit: int = GPU_BIT
+    ) -> list[int]:
+        if not keys:
+            return []
+        prefix = worker_prefix(worker_id)
+        fields = [k.to_bytes(8, "big") for k in keys]
+        tag = bytes([medium_bit])
+
+        async def run() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            pipe.hmget(f"{prefix}g:{group}", fields)
+            pipe.hmget(f"{prefix}c:{group}", [f + tag for f in fields])
+            return await pipe.execute()
+
+        masks, extra = await self._call(run)
+        return [
+            1 + int(e or 0) if m is not None and int(m) & medium_bit else 0
+            for m, e in zip(masks, extra, strict=True)
+        ]
 
     async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
         state = await self.load_worker(worker_id)

@@ -22,6 +22,10 @@ class IngestCounters(CounterSet):
     blocks_removed: int = 0
     blocks_removed_missing: int = 0  # removal of an entry not held (repeat or never seen)
     unknown_parent: int = 0  # blocks not indexed: parent hash never seen
+    # vLLM partial entries never indexed: the units of their block before them were in
+    # no event, and no later store named their hash (docs/vllm.md)
+    partial_unknown_prefix: int = 0
+    partial_late: int = 0  # partial entries indexed once a later store named their hash
     unresolved_blocks: int = 0  # token-less blocks whose hash the map does not know
     bad_events: int = 0  # unknown medium, token/block count mismatch, bad block size
     bad_groups: int = 0  # events with a negative or non-integer group_idx

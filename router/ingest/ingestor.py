@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from router.index.base import (
@@ -43,6 +44,8 @@ from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
+from router.ingest.partials import PendingPartials
+from router.ingest.reannounce import Unwritten, find_reannouncements
 from router.logging_setup import event_extra
 from router.ratelimited_log import RateLimitedLog
 from schemas import (
@@ -53,7 +56,6 @@ from schemas import (
     KVEventBatch,
     normalise_medium,
 )
-from schemas.hit_rule import FULL_KINDS
 from schemas.rest import GroupInfo
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,7 @@ class Ingestor:
         # Bad input repeats for as long as its cause lasts: the first few per reason,
         # then one line a minute with the count suppressed meanwhile.
         self._limited = RateLimitedLog(log)
+        self._partials: dict[str, PendingPartials] = {}  # partial entries not keyed yet
 
     # -- worker lifecycle -------------------------------------------------------------
 
@@ -103,6 +106,7 @@ class Ingestor:
         """AllBlocksCleared / resync: drop entries, keep the worker and its groups known."""
         state = await self._state(worker_id)
         await self.index.clear_worker(worker_id)
+        self._pending(worker_id).clear()
         self.counters.worker_clears += 1
         if state.hash_mode != "unknown":
             state.hash_mode = "unknown"
@@ -129,6 +133,7 @@ class Ingestor:
         """Entries, maps and metadata gone (``DELETE /v1/workers/{id}``)."""
         self._states.pop(worker_id, None)
         self._recent.pop(worker_id, None)
+        self._pending(worker_id).clear()
         await self.index.remove_worker(worker_id)
 
     async def worker_groups(self, worker_id: str) -> dict[int, GroupInfo]:
@@ -153,6 +158,12 @@ class Ingestor:
         return state.hash_mode if state is not None else "unknown"
 
     # -- the write path ---------------------------------------------------------------
+
+    def _pending(self, worker_id: str) -> PendingPartials:
+        got = self._partials.get(worker_id)
+        if got is None:
+            got = self._partials[worker_id] = PendingPartials(self.counters)
+        return got
 
     def _bad(self, why: str) -> None:
         self.counters.bad_events += 1
@@ -201,11 +212,14 @@ class Ingestor:
         """
         plans: list[tuple[str, dict[int, GroupMeta], list[Op]]] = []
         carried: dict[str, dict[EngineHash, BlockKey]] = {}
+        # Per worker, what earlier batches of this call changed (not yet in the index).
+        unwritten: dict[str, Unwritten] = {}
         for item in items:
             worker_id, batch = item[0], item[1]
             marks = item[2] if len(item) > 2 else ()
             known = carried.setdefault(worker_id, {})
-            groups, ops = await self._plan(worker_id, batch, known, marks)
+            delta = unwritten.setdefault(worker_id, Unwritten())
+            groups, ops = await self._plan(worker_id, batch, known, marks, delta)
             if ops:
                 plans.append((worker_id, groups, ops))
         if not plans:
@@ -228,6 +242,7 @@ class Ingestor:
         """Look up, in every map of the worker, the engine hashes the batch needs."""
         wanted: set[EngineHash] = set()
         sizes = {m.block_size for m in state.groups.values()}
+        partials = state.settings.partial_hash_hits
         for ev in batch.events:
             if not isinstance(ev, BlockStored):
                 continue
@@ -244,6 +259,8 @@ class Ingestor:
                 wanted.add(ev.parent_block_hash)
             if bs is not None and len(ev.block_hashes) * bs != len(tokens):
                 wanted.update(ev.block_hashes)  # a sparse store: anchors for placement
+            elif partials and bs == state.hash_unit:
+                wanted.update(ev.block_hashes)  # a partial entry another group keyed
         todo = [h for h in wanted if h not in known]
         for bs in sorted(sizes):
             if not todo:
@@ -251,28 +268,6 @@ class Ingestor:
             found = await self.index.resolve(worker_id, bs, todo)
             known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
             todo = [h for h, k in zip(todo, found, strict=True) if k is None]
-
-    async def _held_roots(
-        self, worker_id: str, state: WorkerState, batch: KVEventBatch
-    ) -> set[EngineHash]:
-        """Hashes of chain starts (parent None) in full-attention groups that the index
-        holds already, before this batch: the candidates for re-announcements."""
-        roots: dict[int, set[EngineHash]] = {}
-        for ev in batch.events:
-            if (
-                isinstance(ev, BlockStored)
-                and ev.parent_block_hash is None
-                and ev.token_ids
-                and self._kind(state, ev) in FULL_KINDS
-                and _size(ev.block_size)
-            ):
-                roots.setdefault(ev.block_size, set()).update(ev.block_hashes)
-        held: set[EngineHash] = set()
-        for bs, hashes in roots.items():
-            hs = list(hashes)
-            found = await self.index.resolve(worker_id, bs, hs, live_only=True)
-            held.update(h for h, k in zip(hs, found, strict=True) if k is not None)
-        return held
 
     def _kind(self, state: WorkerState, ev: BlockStored) -> str:
         if ev.kv_cache_spec_kind:
@@ -286,6 +281,7 @@ class Ingestor:
         batch: KVEventBatch,
         known: dict[EngineHash, BlockKey],
         marks: Sequence[SeqMark] = (),
+        delta: Unwritten | None = None,
     ) -> tuple[dict[int, GroupMeta], list[Op]]:
         """A batch as keyed operations; ``known`` carries mappings between batches."""
         c = self.counters
@@ -293,14 +289,22 @@ class Ingestor:
         state = await self._state(worker_id)
         before = (dict(state.groups), state.hash_mode, state.hash_unit)
         ops: list[Op] = []
+        pend = self._pending(worker_id)
         self._learn_unit(state, batch, ops, known)
+        if ops:  # a new hash unit voided every key
+            pend.clear()
         await self._resolve(worker_id, state, batch, known)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
         if state.settings.report_full:
-            held = await self._held_roots(worker_id, state, batch)
-            planner.find_reannouncements(
-                held, lambda ev: self._kind(state, ev) in FULL_KINDS, [m[0] for m in marks]
+            planner.reannounced = await find_reannouncements(
+                self.index,
+                worker_id,
+                state,
+                batch,
+                partial(self._kind, state),
+                [m[0] for m in marks],
+                delta,
             )
         keyed = planner.run()
         recent.extend((t, u) for t, u, here in planner.ranges if here)
@@ -311,7 +315,7 @@ class Ingestor:
                 ops.append(SeqOp(*pending.pop()[1:]))
             if isinstance(ev, BlockStored):
                 c.events_stored += 1
-                self._store(state, ev, keyed.get(i), ops)
+                self._store(state, ev, keyed.get(i), ops, pend)
             elif isinstance(ev, BlockRemoved):
                 c.events_removed += 1
                 g = self._group(ev.group_idx)
@@ -322,22 +326,30 @@ class Ingestor:
                     self._bad(f"unknown medium {ev.medium!r}")
                 elif g not in state.groups:
                     c.blocks_removed_missing += len(ev.block_hashes)
-                else:
-                    ops.append(RemoveOp(g, bit, list(ev.block_hashes)))
+                elif gone := pend.take_removed(g, bit, ev.block_hashes):
+                    ops.append(RemoveOp(g, bit, gone))
             elif isinstance(ev, AllBlocksCleared):
                 c.events_cleared += 1
                 ops.append(ClearOp())
+                pend.clear()
                 state.hash_mode = "unknown"
             else:
                 c.events_unknown += 1
 
+        pend.place(planner, known)
+        ops += pend.ready(known)
         ops += [SeqOp(*m[1:]) for m in reversed(pending)]  # batches with no events
         if (state.groups, state.hash_mode, state.hash_unit) != before:
             await self.index.save_worker(worker_id, state)
         return dict(state.groups), ops
 
     def _store(
-        self, state: WorkerState, ev: BlockStored, keyed: Keyed | None, ops: list[Op]
+        self,
+        state: WorkerState,
+        ev: BlockStored,
+        keyed: Keyed | None,
+        ops: list[Op],
+        pend: PendingPartials,
     ) -> None:
         c = self.counters
         g = self._group(ev.group_idx)
@@ -364,6 +376,8 @@ class Ingestor:
         if (_size(ev.block_size) or meta.block_size) < meta.block_size:
             c.partial_stores += 1
         c.unknown_parent += keyed.unknown_parent
+        if keyed.partial_unknown_prefix:
+            pend.add(g, bit, ev, [h for h in ev.block_hashes if h not in keyed.hashes])
         c.unresolved_blocks += keyed.unresolved
         c.unplaced_blocks += keyed.unplaced
         if keyed.hashes:

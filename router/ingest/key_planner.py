@@ -10,8 +10,7 @@ the operations go out in event order.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -37,6 +36,7 @@ class Keyed:
     hashes: list[EngineHash] = field(default_factory=list)
     keys: list[BlockKey] = field(default_factory=list)
     unknown_parent: int = 0
+    partial_unknown_prefix: int = 0  # a partial entry whose block's earlier units no event named
     unresolved: int = 0
     unplaced: int = 0
     sparse: bool = False
@@ -62,13 +62,15 @@ class KeyPlanner:
         self.default_block_size = default_block_size
         self.unit = state.hash_unit
         self.check_algo = state.hash_mode == "unknown"
+        self.groups = state.groups
         self.events = batch.events
         self.known = known
         # Token ranges whose unit keys were computed: (tokens, unit keys, this batch?)
         self.ranges: list[tuple[Any, list[BlockKey], bool]] = [
             (t, u, False) for t, u in (recent or ())
         ]
-        self.reannounced: set[tuple[int, ...]] = set()
+        # Stores that re-announce a hit (``router.ingest.reannounce``): no new copies.
+        self.reannounced: set[int] = set()
 
     @cached_property
     def salts(self) -> list[str | None]:
@@ -83,58 +85,15 @@ class KeyPlanner:
                     salts.append(salt)
         return salts
 
-    def find_reannouncements(
-        self,
-        held: set[EngineHash],
-        is_full: Callable[[BlockStored], bool],
-        starts: Sequence[int] = (),
-    ) -> None:
-        """vLLM's ``kv_cache_report_mode: "full"`` re-sends a request's hit prefix, one
-        chain start (parent None) per group, when it looks the prefix up: blocks already
-        cached, not new copies (and, in sliding-window groups, hashes of blocks that are
-        not cached at all); the same step then caches the request's new blocks, chained
-        from the last re-announced one. So a full-attention chain start whose every block
-        the index held before this batch, and that a later store of the batch continues,
-        is taken for one -- and so is every group's chain start over the same tokens. A
-        prefix recomputed from 0 (hybrid groups that missed) has the same shape but is not
-        continued in its step: those are copies. (A re-announced request that computes no
-        new full block is not recognised: its blocks count one copy too many.)"""
-        # ``starts``: where each published batch (one engine step) begins in this merged
-        # batch; "held before" and "continued" are judged per step.
-        events = self.events
-        segment = [bisect_right(starts, i) for i in range(len(events))]
-        continued = {
-            (segment[i], ev.group_idx, ev.parent_block_hash)
-            for i, ev in enumerate(events)
-            if isinstance(ev, BlockStored) and ev.parent_block_hash is not None
-        }
-        before = set(held)
-        this_step: set[EngineHash] = set()
-        current = 0
-        for i, ev in enumerate(events):
-            if segment[i] != current:  # an earlier step's stores were held before this one
-                before |= this_step
-                this_step = set()
-                current = segment[i]
-            if not isinstance(ev, BlockStored):
-                continue
-            if (
-                ev.parent_block_hash is None
-                and ev.token_ids
-                and ev.block_hashes
-                and (current, ev.group_idx, ev.block_hashes[-1]) in continued
-                and is_full(ev)
-                and all(h in before for h in ev.block_hashes)
-            ):
-                self.reannounced.add(tuple(ev.token_ids))
-            this_step.update(ev.block_hashes)
-
     def run(self) -> dict[int, Keyed]:
         out: dict[int, Keyed] = {}
         dense: list[int] = []
         sparse: list[int] = []
         for i, ev in enumerate(self.events):
             if not isinstance(ev, BlockStored) or not ev.block_hashes:
+                continue
+            if i in self.reannounced:
+                out[i] = Keyed(reannounce=True)
                 continue
             bs = self.block_size(ev)
             if bs is not None and len(ev.block_hashes) * bs != len(ev.token_ids):
@@ -151,8 +110,37 @@ class KeyPlanner:
         for i in pending:
             ev = self.events[i]
             assert isinstance(ev, BlockStored)
-            out[i] = self._named_only(ev, unknown_parent=True)
+            got = out[i] = self._named_only(ev, unknown_parent=True)
+            if self._partial_inside(ev):
+                got.partial_unknown_prefix, got.unknown_parent = got.unknown_parent, 0
         return out
+
+    def _partial_inside(self, ev: BlockStored) -> bool:
+        """A vLLM partial entry (``cache_partial_block``: one hash unit, the prompt's last
+        boundary inside a larger block) that does not start its block: its parent is a
+        unit inside that block, and the units between the block start and it are in no
+        event (vLLM publishes a block's tokens only once the block is full), so its key
+        cannot be computed from the stream (``place_partial`` finds it by its tokens)."""
+        unit = self.unit
+        if not unit or ev.block_size != unit or len(ev.block_hashes) != 1:
+            return False
+        return self.group_size(ev) > unit
+
+    @cached_property
+    def group_sizes(self) -> dict[int, int]:
+        """Each group's engine block size: learned, or the largest a store of this batch
+        shows (a group's first batch); a group never seen with a whole block is taken to
+        share the others' (vLLM aligns the block sizes of hybrid mamba models)."""
+        sizes = {g: m.block_size * m.block_units for g, m in self.groups.items()}
+        for ev in self.events:
+            if (
+                isinstance(ev, BlockStored)
+                and isinstance(ev.block_size, int)
+                and ev.block_size > (self.unit or 0)
+            ):
+                g = ev.group_idx if isinstance(ev.group_idx, int) else 0
+                sizes[g] = max(sizes.get(g, 0), ev.block_size)
+        return sizes
 
     def _locate(self, i: int, out: dict[int, Keyed]) -> bool:
         """A parent no event names (a unit a sliding-window or mamba group skipped, or a
@@ -167,6 +155,8 @@ class KeyPlanner:
         unit, tokens = self.unit, ev.token_ids
         if not unit or not tokens or ev.parent_block_hash is None:
             return False
+        if self._partial_inside(ev):
+            return self._locate_partial(i, out)
         for r_tokens, r_units, here in reversed(self.ranges):
             span = len(r_units) * unit
             for off in range(unit, span, unit):
@@ -181,6 +171,72 @@ class KeyPlanner:
                     out[i] = got
                     return True
         return False
+
+    def _locate_partial(self, i: int, out: dict[int, Keyed]) -> bool:
+        ev = self.events[i]
+        assert isinstance(ev, BlockStored)
+        got = self.place_partial(ev)
+        if got is None:
+            return False
+        out[i] = got
+        return True
+
+    def place_partial(self, ev: BlockStored) -> Keyed | None:
+        """A partial entry inside a block (see ``_partial_inside``) placed by its one
+        unit of tokens: where a store of whole blocks (this batch's or a recent one's)
+        holds those tokens at a position inside a block a partial entry can take (not a
+        block's first unit, whose parent is named, nor its last, a block boundary).
+        Accepted only when every such place gives the same parent: a unit of tokens
+        repeated under another prefix leaves it unplaced, not guessed (docs/vllm.md)."""
+        unit, tokens = self.unit, ev.token_ids
+        if not unit or len(tokens) != unit:
+            return None
+        size = self.group_size(ev)
+        k = size // unit
+        first = tokens[0]
+        parents: set[BlockKey] = set()
+        for r_tokens, r_units, _ in self.ranges:
+            if len(r_tokens) % size or len(r_units) * unit != len(r_tokens):
+                continue  # not whole blocks of this size from a block boundary
+            for j in range(1, k - 1):
+                for off in range(j * unit, len(r_tokens), size):
+                    if r_tokens[off] == first and r_tokens[off : off + unit] == tokens:
+                        parents.add(r_units[off // unit - 1])
+                        if len(parents) > 1:
+                            return None
+        if not parents:
+            return None
+        got = self._keys(ev, parent=key_bytes(parents.pop()))
+        if isinstance(got, Keyed) and got.hashes and not got.unplaced:
+            return got
+        return None
+
+    def key_with_parent(self, ev: BlockStored) -> Keyed | None:
+        """``ev``'s keys once the map names its parent (a waiting partial entry)."""
+        got = self._keys(ev)
+        if isinstance(got, Keyed) and got.hashes and not got.unplaced and not got.error:
+            return got
+        return None
+
+    def group_size(self, ev: BlockStored) -> int:
+        """The engine block size of the event's group (see ``group_sizes``)."""
+        g = ev.group_idx if isinstance(ev.group_idx, int) else 0
+        sizes = self.group_sizes
+        return sizes.get(g, max(sizes.values(), default=0))
+
+    def new_partial_slots(self) -> set[int]:
+        """First tokens of every unit of this batch's whole-block ranges where a partial
+        entry inside a block could start (candidates for waiting partial entries)."""
+        unit = self.unit
+        sizes = {v for v in self.group_sizes.values() if unit and v > unit}
+        out: set[int] = set()
+        for r_tokens, _, here in self.ranges:
+            for size in sizes:
+                if not here or len(r_tokens) % size:
+                    continue
+                for j in range(1, size // unit - 1):
+                    out.update(r_tokens[j * unit :: size])
+        return out
 
     def block_size(self, ev: BlockStored) -> int | None:
         """The event's block size, or the configured default for an engine leaving it
@@ -226,12 +282,6 @@ class KeyPlanner:
         if not ev.token_ids:
             # Token-less stores (vLLM's offload connector): the map names what they copy.
             return self._named_only(ev)
-        if (
-            self.reannounced
-            and ev.parent_block_hash is None
-            and tuple(ev.token_ids) in self.reannounced
-        ):
-            return Keyed(reannounce=True)
         bs, unit, tokens = self.block_size(ev), self.unit, ev.token_ids
         if bs is None or not unit:
             return Keyed(error=f"invalid block_size {ev.block_size!r}")

@@ -13,7 +13,7 @@ import math
 from router.index.base import ClearOp, GroupMeta, Op, WorkerState
 from router.ingest.counters import IngestCounters
 from schemas import BlockStored, KVEventBatch
-from schemas.hit_rule import MAMBA_KINDS
+from schemas.hit_rule import FULL_KINDS, MAMBA_KINDS
 
 
 def block_size(value: object) -> int | None:
@@ -44,22 +44,25 @@ def learn_group(
     window = ev.kv_cache_spec_sliding_window
     if window is None and old is not None and old.kind == kind:
         window = old.sliding_window
-    size = bs if old is None else max(old.block_size, bs)
-    unit = state.hash_unit
-    if state.settings.partial_hash_hits and kind in MAMBA_KINDS and unit and size > unit:
-        # vLLM's partial-hash hits: mamba states are looked up at every hash unit
-        # (block or partial entry), so the group is indexed and scored at the unit.
-        size = unit
+    size = bs if old is None else max(old.block_size * old.block_units, bs)
+    unit, units = state.hash_unit, 1
+    # vLLM's partial-hash hits look mamba states up at every hash unit and full
+    # attention's partial entries inside a block: such groups are indexed per unit
+    # (``GroupMeta.block_units``; the hit rule in ``schemas.hit_rule``).
+    fine = kind in MAMBA_KINDS or kind in FULL_KINDS
+    if state.settings.partial_hash_hits and fine and unit and size > unit and not size % unit:
+        size, units = unit, size // unit
     if (
         old is not None
         and old.kind == kind
         and old.block_size == size
         and old.sliding_window == window
+        and old.block_units == units
     ):
         return old
     if old is not None:
         counters.group_changes += 1
-    meta = state.groups[g] = GroupMeta(kind, size, window)
+    meta = state.groups[g] = GroupMeta(kind, size, window, units)
     return meta
 
 

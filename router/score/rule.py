@@ -19,13 +19,14 @@ class Plan:
     scorer instead of once per worker and request: the specs, the hit step and each
     group's (block size, rule, window blocks)."""
 
-    __slots__ = ("metas", "shapes", "specs", "step")
+    __slots__ = ("fine", "metas", "shapes", "specs", "step")
 
     def __init__(self, metas: tuple[GroupMeta, ...]) -> None:
         self.metas = metas
         self.specs = [m.spec() for m in metas]
         self.step = hit_step(self.specs)
         self.shapes = [(s.block_size, s.rule, s.window_blocks) for s in self.specs]
+        self.fine = any(s.rule == "fine" for s in self.specs)
 
 
 def truncate(plan: Plan, lists: list[bytes]) -> list[bytes]:
@@ -76,4 +77,6 @@ def tier(
     bound = min(own)
     if bound <= 0 or bound == max(own):
         return max(bound, 0), own  # every group accepts ``bound``: it is the answer
+    if plan.fine:  # a fine-grained group's reach depends on the request's own cap
+        return longest_hit(n, plan.specs, lists), own
     return longest_hit(bound + 1, plan.specs, lists), own

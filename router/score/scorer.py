@@ -236,6 +236,7 @@ class Scorer:
             if (
                 len(metas) != len(groups)
                 or snap.settings.eagle
+                or any(m.block_units > 1 for m in metas)  # partial-hash hits: per worker
                 or any(
                     used.get(m.block_size) != (unit or m.block_size)
                     or (g, m.block_size) not in cols.matrices

@@ -24,13 +24,20 @@ import msgspec
 from router.index.base import IndexBackend
 from router.ingest.ingestor import Ingestor
 from router.score.scorer import Scorer
+from schemas import KVEventBatch
 from schemas.decode import DecodeStats, decode_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-conformance"
 # Decoder counters that mean information was lost or refused.
 DECODE_REJECTS = ("unknown_event_types", "unknown_fields", "malformed_events", "legacy_events")
 # Ingest counters that mean an event (or some of its blocks) was rejected.
-INGEST_REJECTS = ("bad_events", "unknown_parent", "unresolved_blocks", "bad_groups")
+INGEST_REJECTS = (
+    "bad_events",
+    "unknown_parent",
+    "unresolved_blocks",
+    "bad_groups",
+    "partial_unknown_prefix",
+)
 
 
 @dataclass
@@ -106,6 +113,19 @@ class KvrouteUnderTest:
     async def feed(self, wid: str, payload: bytes) -> None:
         await self.ingestor.apply_batch(wid, decode_batch(payload, self.decode_stats))
 
+    async def feed_many(self, frames: list[tuple[str, int, int, bytes]]) -> None:
+        """Several frames (worker, rank, seq, payload) in one index write, merged per
+        worker the way the subscriber's writer merges what it has received so far
+        (``router.ingest.writer``): one batch, with a mark where each frame begins."""
+        merged: dict[str, tuple[list[Any], list[tuple[int, int, int, int]]]] = {}
+        for wid, rank, seq, payload in frames:
+            events, marks = merged.setdefault(wid, ([], []))
+            marks.append((len(events), rank, seq, 0))
+            events += decode_batch(payload, self.decode_stats).events
+        await self.ingestor.apply_batches(
+            [(wid, KVEventBatch(0.0, events), marks) for wid, (events, marks) in merged.items()]
+        )
+
     async def hit_tokens(self, wid: str, probe: dict[str, Any]) -> int:
         """kvroute's answer to vLLM's probe: the worker's ``hit_tokens``."""
         kwargs: dict[str, Any] = {
@@ -141,18 +161,30 @@ class Outcome:
         )
 
 
-async def replay(rec: Recording, kv: KvrouteUnderTest, keep: int = 8) -> Outcome:
-    """Feed ``rec`` through ``kv``; compare at every probe."""
+async def replay(
+    rec: Recording, kv: KvrouteUnderTest, keep: int = 8, merged: bool = False
+) -> Outcome:
+    """Feed ``rec`` through ``kv``; compare at every probe. ``merged``: the frames
+    between two probes go in one ``apply_batches`` call (what a live subscriber that
+    fell behind does), else one call per frame."""
     # What the operator knows and registers: whether clients ask for full reports.
     kv.report_full = any(s["op"] == "action" and s["action"].get("report_full") for s in rec.steps)
     for rank in range(rec.dp_ranks):
         await kv.configure(worker_id(rank), rec.worker)
-    out = Outcome(rec.name)
+    out = Outcome(rec.name + (" (merged)" if merged else ""))
+    backlog: list[tuple[str, int, int, bytes]] = []
     for step in rec.steps:
         op = step["op"]
         if op == "frame":
-            await kv.feed(worker_id(step["dp_rank"]), step["payload"])
+            if merged:
+                rank = step["dp_rank"]
+                backlog.append((worker_id(rank), rank, step["seq"], step["payload"]))
+            else:
+                await kv.feed(worker_id(step["dp_rank"]), step["payload"])
         elif op == "probe":
+            if backlog:
+                await kv.feed_many(backlog)
+                backlog = []
             got = await kv.hit_tokens(worker_id(step["dp_rank"]), step)
             want = step["expected_hit_tokens"]
             out.total += 1
@@ -170,5 +202,7 @@ async def replay(rec: Recording, kv: KvrouteUnderTest, keep: int = 8) -> Outcome
                     f"salt={step['cache_salt']}, skip={step['skip_prefix_cache']}): "
                     f"vLLM {want}, kvroute {got}"
                 )
+    if backlog:
+        await kv.feed_many(backlog)
     out.rejects = kv.rejects()
     return out

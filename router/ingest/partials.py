@@ -1,0 +1,115 @@
+"""vLLM partial entries whose key is not known yet, held until a later store names it.
+
+Why: with partial-hash hits vLLM stores the prompt's last hash-unit boundary inside a
+block as a one-unit entry in *every* group, chained to a unit of that block that no
+event carries (``KeyPlanner._partial_inside``). Its key becomes known when another store
+names the same engine hash -- typically the full-attention group's re-store of the entry
+after the block filled and was promoted, which carries the block's tokens -- but the
+other groups' copies are never sent again. So a copy that could not be keyed waits here
+(per worker, bounded) and is stored as soon as the map knows its hash; a removal that
+comes first takes the waiting copy instead, and a copy that leaves unresolved (removed,
+cleared, pushed out) is counted in ``partial_unknown_prefix``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from router.index.base import BlockKey, EngineHash, StoreOp
+from router.ingest.counters import IngestCounters
+from router.ingest.key_planner import KeyPlanner
+from schemas import BlockStored
+
+PENDING_CAP = 4096
+
+
+class PendingPartials:
+    """Waiting copies per engine hash: {(group, medium bit): copies}, oldest first, with
+    the store that announced them (to place it by its tokens once a later store shows
+    its block)."""
+
+    def __init__(self, counters: IngestCounters, cap: int = PENDING_CAP) -> None:
+        self._counters = counters
+        self._cap = cap
+        self._by_hash: OrderedDict[EngineHash, dict[tuple[int, int], int]] = OrderedDict()
+        self._events: dict[EngineHash, BlockStored] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    def add(self, group: int, bit: int, ev: BlockStored, hashes: Sequence[EngineHash]) -> None:
+        for h in hashes:
+            slots = self._by_hash.setdefault(h, {})
+            slots[(group, bit)] = slots.get((group, bit), 0) + 1
+            self._events.setdefault(h, ev)
+        while len(self._by_hash) > self._cap:
+            h, slots = self._by_hash.popitem(last=False)
+            self._events.pop(h, None)
+            self._counters.partial_unknown_prefix += sum(slots.values())
+
+    def place(self, planner: KeyPlanner, known: dict[EngineHash, BlockKey]) -> None:
+        """Key the waiting entries whose parent this batch keyed (the partial entry one
+        unit before, announced later), or whose unit of tokens this batch's whole blocks
+        show (``KeyPlanner.place_partial``); ``ready`` then stores them."""
+        if not self._by_hash:
+            return
+        slots = planner.new_partial_slots()
+        progress = True
+        while progress:  # a chain of waiting entries keys one link per pass
+            progress = False
+            for h, ev in list(self._events.items()):
+                if h in known:
+                    continue
+                if ev.parent_block_hash in known:
+                    got = planner.key_with_parent(ev)
+                elif ev.token_ids[0] in slots:
+                    got = planner.place_partial(ev)
+                else:
+                    continue
+                if got is not None:
+                    known[h] = got.keys[0]
+                    progress = True
+
+    def take_removed(self, group: int, bit: int, hashes: Sequence[EngineHash]) -> list[EngineHash]:
+        """The hashes of a removal the index must apply: a waiting copy is taken first
+        (the index never held it) and counted as lost."""
+        if not self._by_hash:
+            return list(hashes)
+        rest: list[EngineHash] = []
+        for h in hashes:
+            slots = self._by_hash.get(h)
+            n = slots.get((group, bit), 0) if slots else 0
+            if not n:
+                rest.append(h)
+                continue
+            assert slots is not None
+            self._counters.partial_unknown_prefix += 1
+            if n > 1:
+                slots[(group, bit)] = n - 1
+                continue
+            del slots[(group, bit)]
+            if not slots:
+                del self._by_hash[h]
+                self._events.pop(h, None)
+        return rest
+
+    def ready(self, known: dict[EngineHash, BlockKey]) -> list[StoreOp]:
+        """Store operations for every waiting copy whose hash the map now names."""
+        if not self._by_hash:
+            return []
+        ops: list[StoreOp] = []
+        for h in [h for h in self._by_hash if h in known]:
+            self._events.pop(h, None)
+            for (group, bit), n in self._by_hash.pop(h).items():
+                ops += [StoreOp(group, bit, [h], [known[h]])] * n
+                self._counters.partial_late += n
+        return ops
+
+    def clear(self) -> None:
+        """The worker's entries went (AllBlocksCleared, a new hash unit): so do these."""
+        self._counters.partial_unknown_prefix += sum(
+            sum(s.values()) for s in self._by_hash.values()
+        )
+        self._by_hash.clear()
+        self._events.clear()
