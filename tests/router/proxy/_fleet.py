@@ -117,6 +117,19 @@ def start_router(tmp: Path, specs: Iterable[str], *extra: str) -> RouterProc:
     return RouterProc(f"http://127.0.0.1:{port}", log, proc)
 
 
+def wait_caught_up(router: RouterProc, engine: EngineProc, timeout_s: float = 30.0) -> None:
+    """Until the router has applied every batch ``engine`` published so far (seqs count
+    from 0): what an estimate taken next may rely on."""
+    published = engine.stats()["publisher"]["published"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = httpx.get(f"{router.url}/v1/workers/{engine.worker_id}", timeout=10)
+        if r.json().get("last_seq", {}).get("0", -1) >= published - 1:
+            return
+        assert time.monotonic() < deadline, f"{engine.worker_id}: router behind {published}"
+        time.sleep(0.02)
+
+
 def wait_live(router: RouterProc, workers: Iterable[str]) -> None:
     want = set(workers)
 

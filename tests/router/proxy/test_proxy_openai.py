@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from _fleet import MODEL, RouterProc, fleet, poll, shutdown
+from _fleet import MODEL, RouterProc, fleet, poll, shutdown, wait_caught_up
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,6 +41,8 @@ def test_completion_lands_where_the_cache_is_and_reports_the_engines_cached_toke
     assert first.headers["x-kvroute-hit-tokens"] == "0"
     assert first.parse().usage.prompt_tokens_details.cached_tokens == 0
     assert len(first.parse().choices[0].text.split()) == 3
+    # The engine publishes as it answers: let the router apply it before the estimate.
+    wait_caught_up(router, next(e for e in router.engines if e.worker_id == worker))
     again = client.completions.with_raw_response.create(
         model=MODEL, prompt=WORDS + "pela", max_tokens=3
     )
