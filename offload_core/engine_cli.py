@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tokenizer", default=None, help="dir with tokenizer.json (text, chat)")
     add("--served-model-name", default=None, help="its model (default kvroute-sim, any name ok)")
     add("--token-delay-ms", type=float, default=0.0, help="simulated decode step")
+    add(
+        "--prefill-us-per-token",
+        type=float,
+        default=0.0,
+        help="simulated prefill time per uncached prompt token (one prefill at a time)",
+    )
     return p
 
 
@@ -134,4 +140,5 @@ def main(argv: list[str]) -> int:
         tokenizer=args.tokenizer,
         model=args.served_model_name,
         token_delay_s=args.token_delay_ms / 1000,
+        prefill_s_per_token=args.prefill_us_per_token / 1e6,
     )

@@ -48,6 +48,16 @@ class PolicyWeights:
     # (attention grows with the context; ~2 x params / (4 x layers x hidden), 30k for
     # Llama-3.1-8B); 0 counts every token alike.
     context_tokens: float = 0.0
+    # Each prompt token held by a request in flight on the worker (its KV blocks, read
+    # at every decode step, and cache the worker cannot use for new prefixes) weighs
+    # ``held`` tokens: scales with request size where ``decode`` (per request) does not.
+    held: float = 0.0
+    # A worker that received ``x`` more than its fair share (the fleet mean) of recently
+    # routed prompt tokens pays ``share * x * request_tokens``: new and movable requests
+    # fill the workers that got less, so token totals stay even without moving sessions
+    # that have a cache to lose. The window is ``share_window`` routed requests per worker.
+    share: float = 0.0
+    share_window: float = 64.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -83,6 +93,8 @@ class WorkerView:
     # The worker's prefill speed relative to the fleet's nominal one (learned; 1.0 until
     # the router has observed it).
     speed: float = 1.0
+    # Prompt tokens routed to the worker recently (exponentially decayed; the share term).
+    recent_tokens: float = 0.0
     engine: EngineStats = field(default_factory=EngineStats)
 
 
@@ -103,7 +115,11 @@ class Choice:
 
 def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
     """Outstanding work on a worker, in prompt-token equivalents."""
-    return weights.backlog * view.prefill_backlog + weights.decode * view.inflight
+    return (
+        weights.backlog * view.prefill_backlog
+        + weights.decode * view.inflight
+        + weights.held * view.inflight_tokens
+    )
 
 
 def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:

@@ -1,0 +1,261 @@
+"""Routing with real processes: multi-turn chats from concurrent ``openai`` clients.
+
+N ``kvroute engine`` processes (tiny tokenizer, a small GPU pool so caches are under
+pressure, simulated prefill time per *uncached* token, one prefill at a time per engine,
+and a simulated decode step) serve the same seeded conversations once per way of routing,
+each on a fresh fleet:
+
+* ``kv_aware`` / ``round_robin`` -- through ``kvroute serve``'s OpenAI proxy
+  (``x-kvroute-policy`` picks the policy);
+* ``pinned`` -- the client sends every turn of a conversation straight to one engine
+  (conversation ``c`` to engine ``c mod N``: equal counts, perfect session affinity);
+* ``vllm-router`` -- vllm-router's ``cache_aware`` policy in front of the same engines,
+  when ``--vllm-router PATH`` is given.
+
+Per way: the share of prompt tokens the engines reported as cached
+(``usage.prompt_tokens_details.cached_tokens``, summed over every turn), time to the first
+streamed chunk as the client sees it (p50/p99), and the prompt-token imbalance over the
+engines (max / mean of the engines' own ``/stats``). Loopback only; bounded in requests.
+
+    .venv/bin/python benchmarks/routing_live.py [--workers 4] [--clients 8] \
+        [--conversations 64] [--turns 5] [--vllm-router PATH] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+from openai import AsyncOpenAI
+
+from router.netutil import free_ports
+from router.proxy.tiny_tokenizer import words
+
+REPO = Path(__file__).resolve().parent.parent
+TOKENIZER = REPO / "router/proxy/data/tiny"
+MODEL = "kvroute-sim"
+WAYS = ("kv_aware", "round_robin", "pinned")
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+def conversations(args: argparse.Namespace) -> list[list[list[dict[str, str]]]]:
+    """Per conversation, the user messages of each turn (system prompt first)."""
+    rng = random.Random(args.seed)
+    vocab = words()
+    systems = [" ".join(rng.choices(vocab, k=args.system_words)) for _ in range(args.systems)]
+    out = []
+    for c in range(args.conversations):
+        sys_msg = {"role": "system", "content": systems[c % args.systems]}
+        turns = [
+            [{"role": "user", "content": " ".join(rng.choices(vocab, k=args.user_words))}]
+            for _ in range(args.turns)
+        ]
+        out.append([[sys_msg], *turns])
+    return out
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def wait_up(c: httpx.AsyncClient, url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if (await c.get(url, timeout=1)).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} not up after {timeout}s")
+        await asyncio.sleep(0.2)
+
+
+class Fleet:
+    """N engines plus the front door of one way of routing, started fresh."""
+
+    def __init__(self, args: argparse.Namespace, way: str, tmp: Path) -> None:
+        self.args, self.way, self.tmp = args, way, tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.engines: list[str] = []
+        self.front = ""
+
+    async def __aenter__(self) -> Fleet:
+        a = self.args
+        ports = free_ports(3 * a.workers + 1)
+        specs = []
+        for i in range(a.workers):
+            http, pub, rep = ports[3 * i : 3 * i + 3]
+            self.procs.append(start([
+                sys.executable, "-m", "router.cli", "engine", "--port", str(http),
+                "--worker-id", f"e{i}", "--publish", f"tcp://*:{pub}",
+                "--replay", f"tcp://*:{rep}", "--gpu-blocks", str(a.gpu_blocks),
+                "--cpu-blocks", "0", "--tokenizer", str(TOKENIZER), "--log-level", "warning",
+                "--token-delay-ms", str(a.token_delay_ms),
+                "--prefill-us-per-token", str(a.prefill_us_per_token),
+            ], self.tmp / f"{self.way}-e{i}.log"))  # fmt: skip
+            self.engines.append(f"http://127.0.0.1:{http}")
+            specs.append(
+                f"e{i}=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},http={self.engines[-1]}"
+            )
+        front = ports[-1]
+        if self.way in ("kv_aware", "round_robin"):
+            self.procs.append(start([
+                sys.executable, "-m", "router.cli", "serve", "--port", str(front),
+                "--tokenizer", str(TOKENIZER), "--log-level", "warning",
+                *[x for s in specs for x in ("--worker", s)],
+            ], self.tmp / f"{self.way}-router.log"))  # fmt: skip
+            self.front = f"http://127.0.0.1:{front}"
+        elif self.way == "vllm-router":
+            self.procs.append(start([
+                a.vllm_router, "--host", "127.0.0.1", "--port", str(front),
+                "--worker-urls", *self.engines, "--policy", "cache_aware",
+            ], self.tmp / "vllm-router.log"))  # fmt: skip
+            self.front = f"http://127.0.0.1:{front}"
+        async with httpx.AsyncClient() as c:
+            for e in self.engines:
+                await wait_up(c, f"{e}/health")
+            if self.way in ("kv_aware", "round_robin"):
+                await wait_up(c, f"{self.front}/v1/models")
+                deadline = time.monotonic() + 60
+                while not all(
+                    w["live"]
+                    for w in (await c.get(f"{self.front}/v1/proxy/workers")).json()["workers"]
+                ):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("workers not live")
+                    await asyncio.sleep(0.2)
+            elif self.front:
+                await wait_up(c, f"{self.front}/health")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    async def engine_prompt_tokens(self) -> list[int]:
+        async with httpx.AsyncClient() as c:
+            stats = [(await c.get(f"{e}/stats")).json() for e in self.engines]
+        return [int(s.get("prompt_tokens", 0)) for s in stats]
+
+
+async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[str, Any]:
+    a, way = fleet.args, fleet.way
+    headers = {"x-kvroute-policy": way} if way in ("kv_aware", "round_robin") else {}
+    clients = [
+        AsyncOpenAI(base_url=f"{u}/v1", api_key="unused", max_retries=0, timeout=120)
+        for u in (fleet.engines if way == "pinned" else [fleet.front])
+    ]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for c in range(len(convs)):
+        queue.put_nowait(c)
+    prompt = cached = 0
+    ttft: list[float] = []
+
+    async def one(c: int) -> None:
+        nonlocal prompt, cached
+        client = clients[c % len(clients)]
+        history = list(convs[c][0])
+        for turn in convs[c][1:]:
+            history += turn
+            t0 = time.perf_counter()
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=history, max_tokens=a.output_words, stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True}, extra_headers=headers,
+            )  # fmt: skip
+            first, text = None, []
+            async for chunk in stream:
+                if first is None:
+                    first = time.perf_counter() - t0
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text.append(chunk.choices[0].delta.content)
+                if chunk.usage is not None:
+                    prompt += chunk.usage.prompt_tokens
+                    details = chunk.usage.prompt_tokens_details
+                    cached += (details.cached_tokens or 0) if details else 0
+            ttft.append(first or 0.0)
+            history.append({"role": "assistant", "content": "".join(text).strip()})
+
+    async def client_loop() -> None:
+        while not queue.empty():
+            await one(queue.get_nowait())
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(a.clients)))
+    wall = time.perf_counter() - t0
+    per = await fleet.engine_prompt_tokens()
+    mean = sum(per) / len(per)
+    return {
+        "requests": len(ttft),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "reuse": round(cached / max(prompt, 1), 4),
+        "ttft_p50_ms": round(1000 * pct(ttft, 0.5), 1),
+        "ttft_p99_ms": round(1000 * pct(ttft, 0.99), 1),
+        "imbalance": round(max(per) / mean, 3) if mean else 1.0,
+        "wall_s": round(wall, 1),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="kvroute-routing-live-"))
+    convs = conversations(args)
+    ways = list(WAYS) + (["vllm-router"] if args.vllm_router else [])
+    out: dict[str, Any] = {"config": vars(args), "ways": {}}
+    for rep in range(args.repeats):
+        for way in ways:
+            async with Fleet(args, way, tmp) as fleet:
+                r = await chat(fleet, convs)
+            out["ways"].setdefault(way, []).append(r)
+            print(f"repeat {rep} {way:12s} {r}", flush=True)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--clients", type=int, default=8, help="concurrent conversations")
+    p.add_argument("--conversations", type=int, default=64)
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--systems", type=int, default=4, help="distinct system prompts")
+    p.add_argument("--system-words", type=int, default=300)
+    p.add_argument("--user-words", type=int, default=80)
+    p.add_argument("--output-words", type=int, default=24)
+    p.add_argument("--gpu-blocks", type=int, default=320, help="16-token blocks per engine")
+    p.add_argument("--prefill-us-per-token", type=float, default=200.0)
+    p.add_argument("--token-delay-ms", type=float, default=2.0)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vllm-router", default=None, help="path to a vllm-router binary")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    result = asyncio.run(run(args))
+    print(json.dumps(result["ways"], indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
