@@ -123,3 +123,13 @@ conformance-engine: install conformance-engine-env
 	$(VLLM_CPU_VENV)/bin/python -m conformance.engine_check --venv $(VENV)
 
 .PHONY: conformance-env conformance-record conformance conformance-engine-env conformance-engine
+
+# Routing with real processes (docs/routing.md): kvroute engines + `kvroute serve`'s proxy
+# under concurrent openai chat clients, kv_aware vs round robin vs conversation pinning
+# (and vllm-router's cache_aware with VLLM_ROUTER=path/to/vllm-router).
+VLLM_ROUTER ?=
+bench-routing-live: install
+	$(BIN)/python benchmarks/routing_live.py --repeats 3 \
+	  --json benchmarks/results/routing_live.json $(if $(VLLM_ROUTER),--vllm-router $(VLLM_ROUTER))
+
+.PHONY: bench-routing-live

@@ -8,7 +8,8 @@ each on a fresh fleet:
 * ``kv_aware`` / ``round_robin`` -- through ``kvroute serve``'s OpenAI proxy
   (``x-kvroute-policy`` picks the policy);
 * ``pinned`` -- the client sends every turn of a conversation straight to one engine
-  (conversation ``c`` to engine ``c mod N``: equal counts, perfect session affinity);
+  (a hash of the conversation id picks it: perfect session affinity, blind to shared
+  system prompts and to load);
 * ``vllm-router`` -- vllm-router's ``cache_aware`` policy in front of the same engines,
   when ``--vllm-router PATH`` is given.
 
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +177,7 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
 
     async def one(c: int) -> None:
         nonlocal prompt, cached
-        client = clients[c % len(clients)]
+        client = clients[zlib.crc32(f"conversation-{c}".encode()) % len(clients)]
         history = list(convs[c][0])
         for turn in convs[c][1:]:
             history += turn
