@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import random
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +177,8 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
 
     async def one(c: int) -> None:
         nonlocal prompt, cached
-        client = clients[zlib.crc32(f"conversation-{c}".encode()) % len(clients)]
+        pin = int.from_bytes(hashlib.sha256(f"conversation-{c}".encode()).digest()[:8], "big")
+        client = clients[pin % len(clients)]
         history = list(convs[c][0])
         for turn in convs[c][1:]:
             history += turn

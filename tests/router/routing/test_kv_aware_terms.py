@@ -58,7 +58,7 @@ def test_share_term_scales_with_the_request_and_the_deviation() -> None:
     sticky = WorkerView("over", hit_tokens=900, score=900.0, recent_tokens=1200.0)
     assert pick([sticky, under], w) == "over"
     # Without the term the 300-token hit decides.
-    assert pick([over, under], PolicyWeights(backlog=0.0, decode=0.0, held=0.0)) == "over"
+    assert pick([over, under], PolicyWeights(backlog=0.0, held=0.0, share=0.0)) == "over"
 
 
 def _imbalance(share: float, seed: int = 3) -> float:
