@@ -10,8 +10,10 @@ each on a fresh fleet:
 * ``pinned`` -- the client sends every turn of a conversation straight to one engine
   (a hash of the conversation id picks it: perfect session affinity, blind to shared
   system prompts and to load);
-* ``vllm-router`` -- vllm-router's ``cache_aware`` policy in front of the same engines,
-  when ``--vllm-router PATH`` is given.
+* ``vllm-router`` / ``sglang-router`` -- their ``cache_aware`` policies in front of the
+  same engines, when installed (``--vllm-router PATH`` / ``--sglang-router PATH``,
+  default ``.venv-peers/{vllm,sglang}-router/bin/...``, which ``make bench-proxy-peers``
+  installs).
 
 Per way: the share of prompt tokens the engines reported as cached
 (``usage.prompt_tokens_details.cached_tokens``, summed over every turn), time to the first
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -71,9 +74,11 @@ def conversations(args: argparse.Namespace) -> list[list[list[dict[str, str]]]]:
     return out
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
 
 
 async def wait_up(c: httpx.AsyncClient, url: str, timeout: float = 120) -> None:
@@ -122,13 +127,24 @@ class Fleet:
                 sys.executable, "-m", "router.cli", "serve", "--port", str(front),
                 "--tokenizer", str(TOKENIZER), "--log-level", "warning",
                 *[x for s in specs for x in ("--worker", s)],
-            ], self.tmp / f"{self.way}-router.log"))  # fmt: skip
+            ], self.tmp / f"{self.way}-router.log", {  # the engines' prefill speed, as an
+                # operator would configure it (route_prefill_tps drains the backlog)
+                "KVROUTE_ROUTE_PREFILL_TPS": str(1e6 / max(a.prefill_us_per_token, 1.0)),
+            }))  # fmt: skip
             self.front = f"http://127.0.0.1:{front}"
         elif self.way == "vllm-router":
             self.procs.append(start([
                 a.vllm_router, "--host", "127.0.0.1", "--port", str(front),
                 "--worker-urls", *self.engines, "--policy", "cache_aware",
             ], self.tmp / "vllm-router.log"))  # fmt: skip
+            self.front = f"http://127.0.0.1:{front}"
+        elif self.way == "sglang-router":
+            metrics = free_ports(1)[0]
+            self.procs.append(start([
+                a.sglang_router, "launch", "--host", "127.0.0.1", "--port", str(front),
+                "--worker-urls", *self.engines, "--policy", "cache_aware",
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
+            ], self.tmp / "sglang-router.log"))  # fmt: skip
             self.front = f"http://127.0.0.1:{front}"
         async with httpx.AsyncClient() as c:
             for e in self.engines:
@@ -224,7 +240,16 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kvroute-routing-live-"))
     convs = conversations(args)
-    ways = list(WAYS) + (["vllm-router"] if args.vllm_router else [])
+    ways = list(WAYS)
+    for name in ("vllm_router", "sglang_router"):
+        path = getattr(args, name) or str(
+            REPO / f".venv-peers/{name.replace('_', '-')}/bin/{name.replace('_', '-')}"
+        )
+        if Path(path).exists():
+            setattr(args, name, path)
+            ways.append(name.replace("_", "-"))
+        else:
+            print(f"{name.replace('_', '-')} not found at {path}: skipped", file=sys.stderr)
     out: dict[str, Any] = {"config": vars(args), "ways": {}}
     for rep in range(args.repeats):
         for way in ways:
@@ -251,6 +276,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vllm-router", default=None, help="path to a vllm-router binary")
+    p.add_argument("--sglang-router", default=None, help="path to a sglang-router binary")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     result = asyncio.run(run(args))
