@@ -126,10 +126,12 @@ conformance-engine: install conformance-engine-env
 
 # Routing with real processes (docs/routing.md): kvroute engines + `kvroute serve`'s proxy
 # under concurrent openai chat clients, kv_aware vs round robin vs conversation pinning
-# (and vllm-router's cache_aware with VLLM_ROUTER=path/to/vllm-router).
-VLLM_ROUTER ?=
+# (and vllm-router's / sglang-router's cache_aware when .venv-peers/ holds them).
+LIVE_COMMON := --conversations 48 --clients 12 --systems 6 --repeats 3
 bench-routing-live: install
-	$(BIN)/python benchmarks/routing_live.py --repeats 3 \
-	  --json benchmarks/results/routing_live.json $(if $(VLLM_ROUTER),--vllm-router $(VLLM_ROUTER))
+	$(BIN)/python benchmarks/routing_live.py $(LIVE_COMMON) --turns 6 --gpu-blocks 128 \
+	  --json benchmarks/results/routing_live_tight.json
+	$(BIN)/python benchmarks/routing_live.py $(LIVE_COMMON) --turns 4 --gpu-blocks 160 \
+	  --json benchmarks/results/routing_live_roomy.json
 
 .PHONY: bench-routing-live

@@ -121,6 +121,9 @@ class Fleet:
             specs.append(
                 f"e{i}=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},http={self.engines[-1]}"
             )
+        async with httpx.AsyncClient() as c:  # peers register workers once, at start-up
+            for e in self.engines:
+                await wait_up(c, f"{e}/health")
         front = ports[-1]
         if self.way in ("kv_aware", "round_robin"):
             self.procs.append(start([
@@ -147,8 +150,6 @@ class Fleet:
             ], self.tmp / "sglang-router.log"))  # fmt: skip
             self.front = f"http://127.0.0.1:{front}"
         async with httpx.AsyncClient() as c:
-            for e in self.engines:
-                await wait_up(c, f"{e}/health")
             if self.way in ("kv_aware", "round_robin"):
                 await wait_up(c, f"{self.front}/v1/models")
                 deadline = time.monotonic() + 60
@@ -161,7 +162,25 @@ class Fleet:
                     await asyncio.sleep(0.2)
             elif self.front:
                 await wait_up(c, f"{self.front}/health")
+                await self._probe(c)
         return self
+
+    async def _probe(self, c: httpx.AsyncClient, timeout: float = 60) -> None:
+        """Until a one-word chat answers 200 (a peer adds its workers in the background)."""
+        body = {"model": MODEL, "messages": [{"role": "user", "content": words()[0]}]}
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                r = await c.post(
+                    f"{self.front}/v1/chat/completions", json={**body, "max_tokens": 1}
+                )
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.way} does not route after {timeout}s")
+            await asyncio.sleep(0.5)
 
     async def __aexit__(self, *exc: object) -> None:
         for p in self.procs:
@@ -240,11 +259,13 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kvroute-routing-live-"))
     convs = conversations(args)
-    ways = list(WAYS)
+    ways = [w for w in WAYS if w in args.ways.split(",")]
     for name in ("vllm_router", "sglang_router"):
         path = getattr(args, name) or str(
             REPO / f".venv-peers/{name.replace('_', '-')}/bin/{name.replace('_', '-')}"
         )
+        if name.replace("_", "-") not in args.ways.split(","):
+            continue
         if Path(path).exists():
             setattr(args, name, path)
             ways.append(name.replace("_", "-"))
@@ -274,6 +295,7 @@ def main() -> int:
     p.add_argument("--prefill-us-per-token", type=float, default=200.0)
     p.add_argument("--token-delay-ms", type=float, default=2.0)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--ways", default="kv_aware,round_robin,pinned,vllm-router,sglang-router")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vllm-router", default=None, help="path to a vllm-router binary")
     p.add_argument("--sglang-router", default=None, help="path to a sglang-router binary")
