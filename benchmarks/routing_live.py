@@ -274,11 +274,36 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"config": vars(args), "ways": {}}
     for rep in range(args.repeats):
         for way in ways:
-            async with Fleet(args, way, tmp) as fleet:
-                r = await chat(fleet, convs)
+            try:
+                async with Fleet(args, way, tmp) as fleet:
+                    r = await asyncio.wait_for(chat(fleet, convs), args.way_timeout_s)
+            except Exception as exc:  # a peer that hangs or fails: recorded, the rest go on
+                out.setdefault("failures", []).append(f"repeat {rep} {way}: {exc!r}")
+                print(f"repeat {rep} {way:12s} FAILED: {exc!r}", flush=True)
+                continue
             out["ways"].setdefault(way, []).append(r)
             print(f"repeat {rep} {way:12s} {r}", flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: per way, ranges over the repeats (reuse relative to pinning in the run)."""
+
+    def rng(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
+        lo, hi = min(r[key] for r in rows), max(r[key] for r in rows)
+        return format(lo, fmt) if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}"
+
+    ways = result["ways"]
+    head = "| routing | reuse (cached / prompt tokens) | TTFT p50 ms | TTFT p99 ms | imbalance |"
+    lines = [head, "|---|---|---|---|---|"]
+    for way, rows in ways.items():
+        lines.append(
+            f"| {way} | {rng(rows, 'reuse', '.3f')} | {rng(rows, 'ttft_p50_ms', '.0f')} "
+            f"| {rng(rows, 'ttft_p99_ms', '.0f')} | {rng(rows, 'imbalance', '.2f')} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -295,16 +320,20 @@ def main() -> int:
     p.add_argument("--prefill-us-per-token", type=float, default=200.0)
     p.add_argument("--token-delay-ms", type=float, default=2.0)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--way-timeout-s", type=float, default=180.0, help="per way and repeat")
     p.add_argument("--ways", default="kv_aware,round_robin,pinned,vllm-router,sglang-router")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vllm-router", default=None, help="path to a vllm-router binary")
     p.add_argument("--sglang-router", default=None, help="path to a sglang-router binary")
     p.add_argument("--json", default=None)
+    p.add_argument("--report", nargs="+", default=None, help="print tables of saved --json files")
     args = p.parse_args()
+    if args.report:
+        for path in args.report:
+            print(f"{path}:\n\n{table(json.loads(Path(path).read_text()))}\n")
+        return 0
     result = asyncio.run(run(args))
-    print(json.dumps(result["ways"], indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
     return 0
 
 
