@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
-from openai import AsyncOpenAI
+from openai import APITimeoutError, AsyncOpenAI
 
 from router.netutil import free_ports
 from router.proxy.tiny_tokenizer import words
@@ -207,33 +207,46 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
     queue: asyncio.Queue[int] = asyncio.Queue()
     for c in range(len(convs)):
         queue.put_nowait(c)
-    prompt = cached = 0
+    prompt = cached = timeouts = 0
     ttft: list[float] = []
 
+    async def turn_once(client: AsyncOpenAI, history: list[Any]) -> tuple[float, str, Any]:
+        t0 = time.perf_counter()
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=history, max_tokens=a.output_words, stream=True,
+            stream_options={"include_usage": True}, extra_headers=headers,
+        )  # fmt: skip
+        first, text, usage = None, [], None
+        async for chunk in stream:
+            if first is None:
+                first = time.perf_counter() - t0
+            if chunk.choices and chunk.choices[0].delta.content:
+                text.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                usage = chunk.usage
+        return first or 0.0, "".join(text), usage
+
     async def one(c: int) -> None:
-        nonlocal prompt, cached
+        nonlocal prompt, cached, timeouts
         pin = int.from_bytes(hashlib.sha256(f"conversation-{c}".encode()).digest()[:8], "big")
         client = clients[pin % len(clients)]
         history = list(convs[c][0])
         for turn in convs[c][1:]:
             history += turn
-            t0 = time.perf_counter()
-            stream = await client.chat.completions.create(
-                model=MODEL, messages=history, max_tokens=a.output_words, stream=True,  # type: ignore[arg-type]
-                stream_options={"include_usage": True}, extra_headers=headers,
-            )  # fmt: skip
-            first, text = None, []
-            async for chunk in stream:
-                if first is None:
-                    first = time.perf_counter() - t0
-                if chunk.choices and chunk.choices[0].delta.content:
-                    text.append(chunk.choices[0].delta.content)
-                if chunk.usage is not None:
-                    prompt += chunk.usage.prompt_tokens
-                    details = chunk.usage.prompt_tokens_details
-                    cached += (details.cached_tokens or 0) if details else 0
-            ttft.append(first or 0.0)
-            history.append({"role": "assistant", "content": "".join(text).strip()})
+            for attempt in range(3):  # a turn that hangs is retried (and counted)
+                try:
+                    first, text, usage = await asyncio.wait_for(turn_once(client, history), 30)
+                    break
+                except (TimeoutError, APITimeoutError):
+                    timeouts += 1
+                    if attempt == 2:
+                        raise
+            if usage is not None:
+                prompt += usage.prompt_tokens
+                details = usage.prompt_tokens_details
+                cached += (details.cached_tokens or 0) if details else 0
+            ttft.append(first)
+            history.append({"role": "assistant", "content": text.strip()})
 
     async def client_loop() -> None:
         while not queue.empty():
@@ -253,6 +266,7 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
         "ttft_p99_ms": round(1000 * pct(ttft, 0.99), 1),
         "imbalance": round(max(per) / mean, 3) if mean else 1.0,
         "wall_s": round(wall, 1),
+        "turns_retried_after_30s": timeouts,
     }
 
 
@@ -289,19 +303,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    """Markdown: per way, ranges over the repeats (reuse relative to pinning in the run)."""
+    """Markdown: per way, ranges over the repeats. A repeat in which a turn hung and was
+    retried is left out (the retry finds its own first attempt's prefill cached, which
+    inflates reuse) and counted in the last column, as are failed repeats."""
 
     def rng(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
+        if not rows:
+            return "-"
         lo, hi = min(r[key] for r in rows), max(r[key] for r in rows)
         return format(lo, fmt) if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}"
 
-    ways = result["ways"]
+    failed: dict[str, int] = {}
+    for line in result.get("failures", []):
+        way = line.split(":")[0].split()[-1]
+        failed[way] = failed.get(way, 0) + 1
     head = "| routing | reuse (cached / prompt tokens) | TTFT p50 ms | TTFT p99 ms | imbalance |"
-    lines = [head, "|---|---|---|---|---|"]
-    for way, rows in ways.items():
+    lines = [head + " repeats left out |", "|---|---|---|---|---|---|"]
+    for way, all_rows in result["ways"].items():
+        rows = [r for r in all_rows if not r.get("turns_retried_after_30s")]
+        out = len(all_rows) - len(rows) + failed.get(way, 0)
         lines.append(
             f"| {way} | {rng(rows, 'reuse', '.3f')} | {rng(rows, 'ttft_p50_ms', '.0f')} "
-            f"| {rng(rows, 'ttft_p99_ms', '.0f')} | {rng(rows, 'imbalance', '.2f')} |"
+            f"| {rng(rows, 'ttft_p99_ms', '.0f')} | {rng(rows, 'imbalance', '.2f')} | {out} |"
         )
     return "\n".join(lines)
 
