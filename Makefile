@@ -151,3 +151,15 @@ bench-proxy: install peers
 bench-proxy-peers: install peers
 	$(BIN)/python benchmarks/proxy_reuse.py --runs 3 --kvroute-weights '{"decode": 128}' \
 	  --kvroute-weights '{"decode": 32}' --json benchmarks/data/proxy-reuse-results.json
+
+# Routing with real processes (docs/routing.md): kvroute engines + `kvroute serve`'s proxy
+# under concurrent openai chat clients, kv_aware vs round robin vs conversation pinning
+# (and vllm-router's / sglang-router's cache_aware when .venv-peers/ holds them).
+LIVE_COMMON := --conversations 48 --clients 12 --systems 6 --repeats 3
+bench-routing-live: install
+	$(BIN)/python benchmarks/routing_live.py $(LIVE_COMMON) --turns 6 --gpu-blocks 128 \
+	  --json benchmarks/results/routing_live_tight.json
+	$(BIN)/python benchmarks/routing_live.py $(LIVE_COMMON) --turns 4 --gpu-blocks 160 \
+	  --json benchmarks/results/routing_live_roomy.json
+
+.PHONY: bench-routing-live

@@ -52,13 +52,19 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 
 
 def cell(
-    workload: str, n: int, cache: str, load: float, split: str, extra: list[str]
+    workload: str,
+    n: int,
+    cache: str,
+    load: float,
+    split: str,
+    extra: list[str],
+    policies: tuple[str, ...] = POLICIES,
 ) -> dict[str, Any]:
     w = WORKLOADS[workload]
     argv = ["routing", *w["args"], *w[split], "--engine-model", "charged"]
     argv += ["--workers", str(n), "--gpu-blocks", str(w["cache"][cache])]
     argv += ["--load", str(load), "--jobs", "1", *extra]
-    for p in POLICIES:
+    for p in policies:
         argv += ["--policy", p]
     args = build_parser().parse_args(argv)
     result = run_bench(args)
@@ -97,7 +103,20 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="N=8 only")
     ap.add_argument("--extra", default="", help="extra bench arguments, space separated")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--reuse",
+        default=None,
+        help="a previous grid JSON: rerun only --policies, take the others' results from "
+        "the same cell there (the policies are simulated independently; same seeds)",
+    )
+    ap.add_argument("--policies", default=",".join(POLICIES))
     args = ap.parse_args()
+    reuse: dict[tuple[str, int, str, float], dict[str, Any]] = {}
+    for path in (args.reuse or "").split(","):
+        for old in json.loads(Path(path).read_text()) if path else []:
+            if old["split"] == args.split:
+                reuse[(old["workload"], old["workers"], old["cache"], old["load"])] = old
+    policies = tuple(args.policies.split(","))
     workers = [8] if args.quick else [int(x) for x in args.workers.split(",")]
     cells = []
     for wl, n, cache, load in itertools.product(
@@ -107,7 +126,13 @@ def main() -> int:
         [float(x) for x in args.loads.split(",")],
     ):
         t0 = time.perf_counter()
-        c = cell(wl, n, cache, load, args.split, args.extra.split())
+        old = reuse.get((wl, n, cache, load))
+        c = cell(wl, n, cache, load, args.split, args.extra.split(), policies if old else POLICIES)
+        if old:
+            c["policies"] = {
+                p: c["policies"][p] if p in policies else old["policies"][p] for p in POLICIES
+            }
+            c["reused_from_previous_run"] = [p for p in POLICIES if p not in policies]
         v = verdict(c)
         cells.append(c)
         k = c["policies"]["kv_aware"]

@@ -27,8 +27,9 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
 
 def table(cells: list[dict[str, Any]]) -> str:
     head = "| workload | N | cache | load | shared bound |"
-    head += "".join(f" {p} hit / p50 / p99 |" for p in POLICIES) + " kv_aware ahead? |"
-    lines = [head, "|" + "---|" * (6 + len(POLICIES))]
+    head += "".join(f" {p} hit / p50 / p99 |" for p in POLICIES)
+    head += " kv_aware imbalance | kv_aware behind (by how much) |"
+    lines = [head, "|" + "---|" * (7 + len(POLICIES))]
     for c in cells:
         pol = c["policies"]
         k = pol["kv_aware"]
@@ -36,9 +37,9 @@ def table(cells: list[dict[str, Any]]) -> str:
         for a in ANCHORS:
             m = pol[a]
             if m["hit_rate"] > k["hit_rate"]:
-                lag.append(f"hit<{a}")
+                lag.append(f"hit {100 * (k['hit_rate'] - m['hit_rate']):+.2f} pt vs {a}")
             if m["ttft_p99_s"] < k["ttft_p99_s"]:
-                lag.append(f"p99>{a}")
+                lag.append(f"p99 {100 * (k['ttft_p99_s'] / m['ttft_p99_s'] - 1):+.1f}% vs {a}")
         row = (
             f"| {c['workload']} | {c['workers']} | {c['cache']} | {c['load']:g} "
             f"| {c['bounds']['shared_cache']:.1%} |"
@@ -46,9 +47,29 @@ def table(cells: list[dict[str, Any]]) -> str:
         for p in POLICIES:
             m = pol[p]
             row += f" {m['hit_rate']:.1%} / {m['ttft_p50_s']:.2f} / {m['ttft_p99_s']:.2f} |"
-        row += " yes |" if not lag else f" {', '.join(lag)} |"
+        row += f" {k['imbalance']:.2f} |"
+        row += " ahead |" if not lag else f" {', '.join(lag)} |"
         lines.append(row)
     return "\n".join(lines)
+
+
+def summary(cells: list[dict[str, Any]]) -> str:
+    """Cells where kv_aware is at or ahead of every anchor on hit rate and TTFT p99."""
+    ok = hit = p99 = balanced = 0
+    for c in cells:
+        pol = c["policies"]
+        k = pol["kv_aware"]
+        h = all(k["hit_rate"] >= pol[a]["hit_rate"] for a in ANCHORS)
+        q = all(k["ttft_p99_s"] <= pol[a]["ttft_p99_s"] for a in ANCHORS)
+        ok += h and q
+        hit += h
+        p99 += q
+        balanced += k["imbalance"] <= 1.10
+    n = len(cells)
+    return (
+        f"kv_aware at or ahead of every anchor on hit rate and TTFT p99: {ok}/{n} cells "
+        f"(hit rate {hit}/{n}, TTFT p99 {p99}/{n}); token imbalance <= 1.10 in {balanced}/{n}"
+    )
 
 
 def plots(cells: list[dict[str, Any]], out_dir: Path) -> list[Path]:
@@ -96,6 +117,8 @@ def plots(cells: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 def main() -> int:
     cells = load(sys.argv[1:])
     print(table(cells))
+    print()
+    print(summary(cells))
     for p in plots(cells, ROOT / "docs"):
         print(f"wrote {p.relative_to(ROOT)}", file=sys.stderr)
     return 0

@@ -58,9 +58,12 @@ def create_app(
     model: str = DEFAULT_MODEL,
     strict_model: bool = False,
     token_delay_s: float = 0.0,
+    prefill_s_per_token: float = 0.0,
 ) -> FastAPI:
     """``tokenizer``: a ``schemas.tokenization.ModelTokenizer`` for text prompts and
-    chat; ``token_delay_s``: the simulated time per generated token (streams pace by it)."""
+    chat; ``token_delay_s``: the simulated time per generated token (streams pace by it);
+    ``prefill_s_per_token``: simulated prefill time per *uncached* prompt token, one
+    prefill at a time (so a cache hit and a short queue show in the time to first token)."""
     lock = asyncio.Lock()
     wid = engine.config.worker_id
     http_stats = {"streams": 0, "streams_completed": 0, "streams_cancelled": 0}
@@ -124,9 +127,12 @@ def create_app(
     async def prefill(ids: list[int], body: Any) -> Any:
         async with lock:
             try:
-                return await asyncio.to_thread(engine.serve, ids, body.cache_salt, body.lora_name)
+                run = await asyncio.to_thread(engine.serve, ids, body.cache_salt, body.lora_name)
             except RequestTooLargeError as exc:
                 raise _Reject(400, "prompt_too_long", str(exc)) from None
+            if prefill_s_per_token > 0:
+                await asyncio.sleep((run.prompt_tokens - run.cached_tokens) * prefill_s_per_token)
+            return run
 
     def texts_of(ids: list[int], count: int, n: int) -> list[list[str]]:
         out = []
@@ -244,6 +250,7 @@ def run_server(
     model: str | None = None,
     token_delay_s: float = 0.0,
     publish_mode: PublishMode = "bind",
+    prefill_s_per_token: float = 0.0,
 ) -> int:
     """Run ``kvroute engine`` until interrupted."""
     import uvicorn
@@ -287,6 +294,7 @@ def run_server(
             model=model or DEFAULT_MODEL,
             strict_model=model is not None,  # like vLLM: 404 for another model's name
             token_delay_s=token_delay_s,
+            prefill_s_per_token=prefill_s_per_token,
         )
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tokenizer", default=None, help="dir with tokenizer.json (text, chat)")
     add("--served-model-name", default=None, help="its model (default kvroute-sim, any name ok)")
     add("--token-delay-ms", type=float, default=0.0, help="simulated decode step")
+    add(
+        "--prefill-us-per-token",
+        type=float,
+        default=0.0,
+        help="simulated prefill time per uncached prompt token (one prefill at a time)",
+    )
     return p
 
 
@@ -150,4 +156,5 @@ def main(argv: list[str]) -> int:
         model=args.served_model_name,
         token_delay_s=args.token_delay_ms / 1000,
         publish_mode=args.publish_mode,
+        prefill_s_per_token=args.prefill_us_per_token / 1e6,
     )

@@ -18,17 +18,19 @@ DEFAULT_POLICY = "kv_aware"
 class PolicyWeights:
     """Weights of the ``kv_aware`` cost, in prompt-token units.
 
-    Defaults were tuned with ``kvroute bench routing`` on the Mooncake conversation trace
-    (8 workers, 1024 blocks of 512 tokens each;
-    docs/benchmarks.md#routing-on-the-mooncake-trace) and checked over
-    several tie-break seeds: a backlog token weighs 0.15 of a token this request must
-    prefill (work saved is saved for good, queueing behind a backlog is brief), and each
-    in-flight request 512 tokens (steady pressure that keeps totals balanced).
+    Defaults were tuned with ``benchmarks/routing_tune.py`` on the tuning split of the
+    routing grid (the Mooncake conversation trace's first 30% and two synthetic mixes at
+    seed 1; N in {8, 32}, tight and generous caches, load 0.5 and 0.9; charged engines;
+    docs/routing.md): a backlog token weighs 0.15 of a token this request must prefill
+    (work saved is saved for good, queueing behind a backlog is brief); the KV held by
+    requests in flight 0.03 per token (it scales with request size, so one weight fits
+    512-token and 64-token-block workloads alike, where a per-request weight did not);
+    and a worker 10% over its fair share of recent tokens pays 10% of the request.
     """
 
     prefill: float = 1.0
     backlog: float = 0.15
-    decode: float = 512.0
+    decode: float = 0.0
     # Hits on a prefix that at least ``hot_fraction`` of recent requests share count
     # ``hot_discount`` times: every worker will hold such a prefix soon, so it should not
     # decide placement.
@@ -48,6 +50,16 @@ class PolicyWeights:
     # (attention grows with the context; ~2 x params / (4 x layers x hidden), 30k for
     # Llama-3.1-8B); 0 counts every token alike.
     context_tokens: float = 0.0
+    # Each prompt token held by a request in flight on the worker (its KV blocks, read
+    # at every decode step, and cache the worker cannot use for new prefixes) weighs
+    # ``held`` tokens: scales with request size where ``decode`` (per request) does not.
+    held: float = 0.03
+    # A worker that received ``x`` more than its fair share (the fleet mean) of recently
+    # routed prompt tokens pays ``share * x * request_tokens``: new and movable requests
+    # fill the workers that got less, so token totals stay even without moving sessions
+    # that have a cache to lose. The window is ``share_window`` routed requests per worker.
+    share: float = 1.0
+    share_window: float = 64.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -83,6 +95,8 @@ class WorkerView:
     # The worker's prefill speed relative to the fleet's nominal one (learned; 1.0 until
     # the router has observed it).
     speed: float = 1.0
+    # Prompt tokens routed to the worker recently (exponentially decayed; the share term).
+    recent_tokens: float = 0.0
     engine: EngineStats = field(default_factory=EngineStats)
 
 
@@ -103,7 +117,11 @@ class Choice:
 
 def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
     """Outstanding work on a worker, in prompt-token equivalents."""
-    return weights.backlog * view.prefill_backlog + weights.decode * view.inflight
+    return (
+        weights.backlog * view.prefill_backlog
+        + weights.decode * view.inflight
+        + weights.held * view.inflight_tokens
+    )
 
 
 def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:

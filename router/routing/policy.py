@@ -13,6 +13,8 @@ prefill work::
     cost_w = prefill * (request_tokens - affinity_w)
            + backlog * prefill_backlog_w          # uncached tokens not prefilled yet
            + decode * inflight_w                  # decode slots, in token equivalents
+           + held * inflight_tokens_w             # KV held by running requests
+           + share * request_tokens * (recent_w / mean(recent) - 1)   # fair share
 
 plus a balance guard: a worker whose load exceeds the fleet's mean by more than
 ``balance_slack`` loses its cache affinity, so a popular prefix cannot pile traffic onto
@@ -131,6 +133,7 @@ class KvAwarePolicy(Policy):
         limit = (1.0 + weights.balance_slack) * mean + weights.balance_floor
         n = request.request_tokens
         ctx = weights.context_tokens
+        fair = sum(v.recent_tokens for v in views) / len(views)
         costs: list[float] = []
         for view, load in zip(views, loads, strict=True):
             affinity = 0.0
@@ -144,7 +147,10 @@ class KvAwarePolicy(Policy):
             queue = weights.backlog * view.prefill_backlog
             if weights.backlog_over > 0:  # a backlog past the knee (a long prompt) repels
                 queue += weights.backlog_over * max(0.0, view.prefill_backlog - weights.knee)
-            costs.append((weights.prefill * miss + queue) / speed + weights.decode * view.inflight)
+            decode = weights.decode * view.inflight + weights.held * view.inflight_tokens
+            if weights.share > 0 and fair > 0:
+                decode += weights.share * n * (view.recent_tokens / fair - 1.0)
+            costs.append((weights.prefill * miss + queue) / speed + decode)
         return costs
 
 

@@ -239,6 +239,8 @@ class RoutingCore:
             self.config.hot_min_requests,
         )
         self._policies: dict[str, Policy] = {}
+        # Prompt tokens routed per worker, decayed per routed request (the share term).
+        self.recent: dict[str, float] = {}
         # Plain counters; the API exports them as Prometheus metrics at scrape time.
         self.routed: Counter[str] = Counter()
         self.finished = 0
@@ -300,6 +302,7 @@ class RoutingCore:
                     inflight_decode=load.decode_tokens,
                     inflight_tokens=load.tokens,
                     speed=speeds[s.worker_id],
+                    recent_tokens=self.recent.get(s.worker_id, 0.0),
                     engine=engines.get(s.worker_id, unknown),
                 )
             )
@@ -311,6 +314,7 @@ class RoutingCore:
         self.inflight.add(
             request_id, chosen.worker_id, now, float(n - expected), out_tokens, float(n)
         )
+        self._count_recent(chosen.worker_id, n, len(views))
         if keys:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
@@ -328,6 +332,14 @@ class RoutingCore:
             loads=choice.loads,
             costs=choice.costs,
         )
+
+    def _count_recent(self, worker_id: str, tokens: int, workers: int) -> None:
+        """Decay every worker's recent tokens by one routed request's step (a window of
+        ``share_window`` requests per worker), then add this request's to its worker."""
+        keep = 1.0 - 1.0 / max(self.config.weights.share_window * workers, 1.0)
+        for w in self.recent:
+            self.recent[w] *= keep
+        self.recent[worker_id] = self.recent.get(worker_id, 0.0) + tokens
 
     def first_token(self, request_id: str, now: float | None = None) -> bool:
         """The engine streamed the request's first token: its prefill leaves the backlog

@@ -104,7 +104,7 @@ def test_kv_aware_trades_affinity_against_load() -> None:
     cold = WorkerView("cold")
     assert choose("kv_aware", [cached, cold]) == "cached"
     # The cached worker is busy enough that re-prefilling elsewhere is cheaper.
-    busy = WorkerView("cached", hit_tokens=800, score=800.0, inflight=1, prefill_backlog=4000)
+    busy = WorkerView("cached", hit_tokens=800, score=800.0, inflight=1, prefill_backlog=6000)
     assert choose("kv_aware", [busy, cold]) == "cold"
     # Tier weighting: CPU-resident hits (score < hit_tokens) are worth less than GPU hits.
     gpu = WorkerView("gpu", hit_tokens=500, hit_tokens_gpu=500, score=500.0)
@@ -227,7 +227,7 @@ def _sys_requests(n: int, sys_len: int = 512, tail: int = 512) -> list[list[int]
 
 def test_hot_prefix_guard_spreads_a_shared_system_prompt() -> None:
     # No load term: only the cache term decides. Worker "a" alone holds the system prompt.
-    base = dict(backlog=0.0, decode=0.0, balance_slack=1e9)
+    base = dict(backlog=0.0, decode=0.0, held=0.0, share=0.0, balance_slack=1e9)
     workers = ["a", "b", "c", "d"]
 
     def run(discount: float) -> Counter[str]:
@@ -254,7 +254,7 @@ def test_hot_prefix_guard_spreads_a_shared_system_prompt() -> None:
 
 def test_predicted_entries_group_a_burst_then_expire() -> None:
     clock = [0.0]
-    weights = PolicyWeights(backlog=0.25, decode=0.0, balance_slack=1e9)
+    weights = PolicyWeights(backlog=0.25, decode=0.0, held=0.0, share=0.0, balance_slack=1e9)
     # prefill_tps=0: the siblings' backlog stays on their worker (no draining).
     cfg = RoutingConfig(
         weights=weights, predict_ttl_s=2.0, prefix_block_tokens=16, prefill_tps=0.0, seed=5

@@ -1,0 +1,94 @@
+"""kv_aware's held-KV and fair-share terms (issue 15): what they move and what they keep."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from router.routing.policy import PolicyWeights, RouteInput, WorkerView, make_policy
+from router.routing.state import RoutingConfig, RoutingCore
+
+ONLY_HELD = PolicyWeights(backlog=0.0, decode=0.0, held=0.05, share=0.0)
+
+
+@dataclass(frozen=True)
+class Score:
+    worker_id: str
+    hit_tokens: int = 0
+    hit_tokens_gpu: int = 0
+    score: float = 0.0
+
+
+def pick(views: list[WorkerView], weights: PolicyWeights, n: int = 1000) -> str:
+    choice = make_policy("kv_aware").choose(RouteInput(n), views, weights, random.Random(0))
+    return views[choice.index].worker_id
+
+
+def test_held_tokens_weigh_by_size_not_by_count() -> None:
+    # One request each, but "big" holds 10k prompt tokens of KV: 500 token-equivalents.
+    big = WorkerView("big", inflight=1, inflight_tokens=10_000.0)
+    small = WorkerView("small", inflight=1, inflight_tokens=100.0)
+    assert pick([big, small], ONLY_HELD) == "small"
+    # Per request alone (the old decode term) they tie; the held term breaks it.
+    per_request = PolicyWeights(backlog=0.0, decode=512.0, held=0.0)
+    picks = {
+        make_policy("kv_aware")
+        .choose(RouteInput(1000), [big, small], per_request, random.Random(s))
+        .index
+        for s in range(20)
+    }
+    assert picks == {0, 1}
+    # A hit worth more than the held KV still wins; a smaller one does not.
+    big_hit = WorkerView("big", hit_tokens=800, score=800.0, inflight=1, inflight_tokens=10_000.0)
+    assert pick([big_hit, small], ONLY_HELD) == "big"
+    big_small_hit = WorkerView(
+        "big", hit_tokens=200, score=200.0, inflight=1, inflight_tokens=10_000.0
+    )
+    assert pick([big_small_hit, small], ONLY_HELD) == "small"
+
+
+def test_share_term_scales_with_the_request_and_the_deviation() -> None:
+    w = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=1.0)
+    # "over" got 1.2x the fleet mean of recent tokens: 20% of a 1000-token request.
+    over = WorkerView("over", hit_tokens=300, score=300.0, recent_tokens=1200.0)
+    under = WorkerView("under", recent_tokens=800.0)
+    # cost(over) = 700 + 200 = 900 > cost(under) = 1000 - 200 = 800: the hit is not enough.
+    assert pick([over, under], w) == "under"
+    # A session with most of its prompt cached stays where its cache is.
+    sticky = WorkerView("over", hit_tokens=900, score=900.0, recent_tokens=1200.0)
+    assert pick([sticky, under], w) == "over"
+    # Without the term the 300-token hit decides.
+    assert pick([over, under], PolicyWeights(backlog=0.0, held=0.0, share=0.0)) == "over"
+
+
+def _imbalance(share: float, seed: int = 3) -> float:
+    weights = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=share)
+    core = RoutingCore(RoutingConfig(weights=weights, seed=seed, inflight_ttl_s=1e9))
+    rng = random.Random(seed)
+    totals = {"a": 0, "b": 0, "c": 0, "d": 0}
+    for i in range(400):
+        n = rng.choice((100, 400, 2000))
+        scores = [Score(w) for w in totals]
+        d = core.route(f"r{i}", [i] * n, scores, now=float(i))
+        totals[d.worker_id] += n
+    return max(totals.values()) / (sum(totals.values()) / len(totals))
+
+
+def test_share_term_evens_out_token_totals_through_the_core() -> None:
+    # No cache anywhere: without the term every worker ties (random pick); with it, each
+    # request fills whichever worker is furthest below its share of recent tokens.
+    balanced, random_ties = _imbalance(1.0), _imbalance(0.0)
+    assert balanced < 1.03
+    assert random_ties > balanced + 0.03
+
+
+def test_recent_tokens_decay_over_the_window() -> None:
+    # 4 requests per worker, 2 workers: a window of 8 routed requests.
+    weights = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=1.0, share_window=4.0)
+    core = RoutingCore(RoutingConfig(weights=weights, seed=0, inflight_ttl_s=1e9))
+    core.route("first", [1] * 1000, [Score("a", 999, 999, 999.0), Score("b")], now=0.0)
+    assert core.recent == {"a": 1000.0}
+    for i in range(8):
+        core.route(f"r{i}", [i] * 10, [Score("a"), Score("b", 9, 9, 9.0)], now=0.0)
+    # Eight routed requests at 1 - 1/8 each: (7/8)^8 of the first 1000 tokens remain.
+    assert abs(core.recent["a"] - 1000.0 * (7 / 8) ** 8) < 1e-6
