@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -32,7 +31,7 @@ from router.bench.workload_prep import (
     parse_slice,
 )
 from router.bench.workloads import Request
-from router.routing.policy import POLICY_NAMES, PolicyWeights
+from router.routing.policy import COMPARED_POLICIES, POLICY_NAMES, PolicyWeights, policy_weights
 from router.routing.state import RoutingConfig
 from schemas.hashing import HASH_ALGOS
 from schemas.hit_rule import hit_step
@@ -41,23 +40,23 @@ from schemas.hit_rule import hit_step
 # one (the cache matters) and no single prompt exceeds a worker's pool.
 DEFAULT_GPU_BLOCKS = 1024
 _COST = CostModel()
-# random is available by name but left out by default (it only adds run time).
-DEFAULT_POLICIES = ("kv_aware", "round_robin", "least_loaded", "longest_prefix")
+DEFAULT_POLICIES = COMPARED_POLICIES
 
 
 def _weights(text: str | None) -> PolicyWeights:
     """``prefill=1,decode=128`` -> PolicyWeights (unknown names are an error)."""
-    if not text:
-        return PolicyWeights()
-    known = {f.name: f.type for f in dataclasses.fields(PolicyWeights)}
-    values: dict[str, Any] = {}
-    for item in text.split(","):
+    values: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
         name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or name not in known:
-            raise argparse.ArgumentTypeError(f"bad weight {item!r}; known: {sorted(known)}")
-        values[name] = int(value) if name == "expected_output_tokens" else float(value)
-    return dataclasses.replace(PolicyWeights(), **values)
+        if not sep:
+            raise argparse.ArgumentTypeError(f"bad weight {item!r}: expected NAME=VALUE")
+        values[name.strip()] = value
+    try:
+        return policy_weights(values)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _common(p: argparse.ArgumentParser, groups: str) -> None:

@@ -47,10 +47,10 @@ from router.ops.demo_fleet import (
     wait_healthy,
     wait_synced,
 )
-from router.routing.policy import POLICY_NAMES
+from router.routing.policy import COMPARED_POLICIES, POLICY_NAMES, check_policy
 from router.routing.state import RoutingConfig
 
-DEFAULT_POLICIES = ("kv_aware", "round_robin", "least_loaded", "longest_prefix")
+DEFAULT_POLICIES = COMPARED_POLICIES
 
 
 @dataclass
@@ -242,10 +242,12 @@ async def run_demo(args: argparse.Namespace) -> list[PolicyRun]:
 
 def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in POLICY_NAMES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown policies {bad}; choose from {POLICY_NAMES}")
-    return names
+    if not names:
+        raise argparse.ArgumentTypeError(f"no policy given; choose from {POLICY_NAMES}")
+    try:
+        return [check_policy(name) for name in names]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.proxy.core import Proxy, ProxyError
 from router.proxy.upstream import DROP, UpstreamError, UpstreamResponse
-from router.routing.policy import POLICY_NAMES
+from router.routing.policy import check_policy
 from router.routing.state import Decision
 from router.service import UnknownWorker
 from schemas.tokenization import TokenizationError
@@ -167,11 +167,10 @@ class ProxyMiddleware:
         forward_headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
         for name, value in scope["headers"]:
             if name == b"x-kvroute-policy":
-                policy = value.decode("latin-1")
-                if policy not in POLICY_NAMES:
-                    raise ProxyError(
-                        400, "unknown_policy", f"policy {policy!r} not in {POLICY_NAMES}"
-                    )
+                try:
+                    policy = check_policy(value.decode("latin-1"))
+                except ValueError as exc:
+                    raise ProxyError(400, "unknown_policy", str(exc)) from None
             elif name in (b"x-request-id", b"accept") or (
                 name == b"authorization" and not self.proxy.settings.api_key
             ):

@@ -106,6 +106,8 @@ class RouteInput:
     hot_tokens: int = 0
     # The engines' block size in tokens (hit step): the anchors count in blocks.
     block_tokens: int = 16
+    # A worker's fair share of a full window of recent tokens (the share term's scale).
+    full_window_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

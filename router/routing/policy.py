@@ -14,7 +14,8 @@ prefill work::
            + backlog * prefill_backlog_w          # uncached tokens not prefilled yet
            + decode * inflight_w                  # decode slots, in token equivalents
            + held * inflight_tokens_w             # KV held by running requests
-           + share * request_tokens * (recent_w / mean(recent) - 1)   # fair share
+           + share * request_tokens * (recent_w - mean(recent))
+                   / max(mean(recent), full_window_share)  # fair share, see below
 
 plus a balance guard: a worker whose load exceeds the fleet's mean by more than
 ``balance_slack`` loses its cache affinity, so a popular prefix cannot pile traffic onto
@@ -42,6 +43,7 @@ from router.routing.base import (
 )
 
 __all__ = [
+    "COMPARED_POLICIES",
     "DEFAULT_POLICY",
     "POLICY_CLASSES",
     "POLICY_NAMES",
@@ -134,6 +136,9 @@ class KvAwarePolicy(Policy):
         n = request.request_tokens
         ctx = weights.context_tokens
         fair = sum(v.recent_tokens for v in views) / len(views)
+        # Measured against a full window, so a fresh router's first requests (one worker
+        # holding "all" of three requests) do not outweigh their caches.
+        scale = max(fair, request.full_window_share)
         costs: list[float] = []
         for view, load in zip(views, loads, strict=True):
             affinity = 0.0
@@ -148,8 +153,8 @@ class KvAwarePolicy(Policy):
             if weights.backlog_over > 0:  # a backlog past the knee (a long prompt) repels
                 queue += weights.backlog_over * max(0.0, view.prefill_backlog - weights.knee)
             decode = weights.decode * view.inflight + weights.held * view.inflight_tokens
-            if weights.share > 0 and fair > 0:
-                decode += weights.share * n * (view.recent_tokens / fair - 1.0)
+            if weights.share > 0 and scale > 0:
+                decode += weights.share * n * (view.recent_tokens - fair) / scale
             costs.append((weights.prefill * miss + queue) / speed + decode)
         return costs
 
@@ -166,6 +171,11 @@ POLICY_CLASSES: dict[str, type[Policy]] = {
     )
 }
 POLICY_NAMES: tuple[str, ...] = tuple(POLICY_CLASSES)
+
+
+# What `kvroute demo` and `kvroute bench routing` compare unless told otherwise (random is
+# available by name but only adds run time).
+COMPARED_POLICIES = ("kv_aware", "round_robin", "least_loaded", "longest_prefix")
 
 
 def check_policy(name: str) -> str:

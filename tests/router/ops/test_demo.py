@@ -37,4 +37,4 @@ def test_small_demo_produces_table_chart_and_exact_estimates(
 def test_demo_rejects_unknown_policies(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--policies", "kv_aware,fastest"])
-    assert "unknown policies" in capsys.readouterr().err
+    assert "unknown policy" in capsys.readouterr().err

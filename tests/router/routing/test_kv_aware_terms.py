@@ -92,3 +92,15 @@ def test_recent_tokens_decay_over_the_window() -> None:
         core.route(f"r{i}", [i] * 10, [Score("a"), Score("b", 9, 9, 9.0)], now=0.0)
     # Eight routed requests at 1 - 1/8 each: (7/8)^8 of the first 1000 tokens remain.
     assert abs(core.recent["a"] - 1000.0 * (7 / 8) ** 8) < 1e-6
+
+
+def test_a_fresh_router_keeps_a_prompt_where_its_cache_is() -> None:
+    """The share term is measured against a full window: on a fresh router, the worker
+    that took the first request does not look "2x over its share" and lose the repeat
+    of that prompt (which it holds) to an empty worker."""
+    core = RoutingCore(RoutingConfig(seed=0, inflight_ttl_s=1e9))
+    first = core.route("p1", list(range(1000)), [Score("a"), Score("b")], now=0.0)
+    core.finish("p1")
+    held = [Score(w, 992, 992, 992.0) if w == first.worker_id else Score(w) for w in "ab"]
+    again = core.route("p2", list(range(1000)), held, now=1.0)
+    assert again.worker_id == first.worker_id
