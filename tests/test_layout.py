@@ -75,3 +75,29 @@ def test_cycle_finder_finds_a_cycle() -> None:
     graph.add_import(importer="b", imported="c")
     graph.add_import(importer="c", imported="a")
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+# Sub-packages tested one level up, with the reason.
+TESTED_WITH_PARENT = {
+    "offload_core/cpu/policies": "tests/offload_core/cpu/test_cpu_policies.py",
+    "router/bench/workloads": "tests/router/bench/test_workloads.py",
+}
+
+
+def test_tests_mirror_the_package_tree() -> None:
+    """Every package folder has its test folder (tests/<same path>), so a module's tests
+    are found by its path."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    missing = []
+    for pkg in PACKAGES:
+        for init in sorted((root / pkg).rglob("__init__.py")):
+            folder = init.parent.relative_to(root).as_posix()
+            if folder in TESTED_WITH_PARENT:
+                assert (root / TESTED_WITH_PARENT[folder]).is_file(), folder
+                continue
+            modules = [p for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+            if modules and not (root / "tests" / folder).is_dir():
+                missing.append(folder)
+    assert not missing, f"package folders without tests/<folder>: {missing}"
