@@ -211,6 +211,25 @@ class Columns:
     width: int = 0  # slots: the matrices' second dimension
 
 
+@dataclass
+class Bits:
+    """Every worker's membership as presence bitsets (``fetch_bits``; memory index).
+
+    ``tables[g]`` maps a block key to an int of four ``stride``-bit fields: bit ``s`` of
+    field 0 says slot ``s`` holds the key on some medium, fields 1-3 on GPU, CPU and
+    STORAGE. A read-only view of the index's own tables: the scorer looks keys up
+    itself, so it can stop at the first key no requested worker holds. ``cohorts``
+    groups the known workers by identical metadata as (snapshot, [(id, slot)]).
+    Why: an AND of one int per request block answers for every worker at once, so a
+    score costs what the prompt's blocks cost, not workers x blocks (router.score.bits).
+    """
+
+    cohorts: list[tuple[WorkerSnapshot, list[tuple[str, int]]]]
+    unknown: list[str]
+    tables: dict[int, dict[BlockKey, int]]
+    stride: int
+
+
 class IndexBackend(ABC):
     """Storage behind the router: entries, the engine-hash map and per-worker metadata.
 
@@ -316,4 +335,9 @@ class IndexBackend(ABC):
     ) -> Columns | None:
         """``fetch`` as matrices, when the backend holds them that way (None: use
         ``fetch``)."""
+        return None
+
+    async def fetch_bits(self, worker_ids: Sequence[str]) -> Bits | None:
+        """The workers' cohorts and the presence bitset tables, when the backend keeps
+        them (None: use ``fetch_columns`` / ``fetch``)."""
         return None

@@ -1,0 +1,140 @@
+"""Read side of the in-process index: snapshots, matrices and bitsets for the scorer.
+
+Split from ``router.index.memory`` (the write side and the layout's description): the
+three read forms the scorer's paths use. ``fetch_bits`` hands out the tables themselves
+(the fast path, ``router.score.bits``); ``fetch_columns`` and ``fetch`` unpack the
+bitset fields into per-worker media bytes (numpy ``unpackbits``, in C) for the paths
+that need them: EAGLE workers, workers at another hash unit, comparisons in tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from router.index.base import (
+    Bits,
+    BlockKey,
+    Columns,
+    IndexBackend,
+    WorkerSnapshot,
+)
+
+
+class MemoryReads(IndexBackend):
+    """``fetch``, ``fetch_columns`` and ``fetch_bits`` over ``MemoryIndex``'s tables."""
+
+    _workers: dict[str, Any]
+    _tables: dict[int, dict[BlockKey, int]]
+    _nslots: int
+    _stride: int
+
+    def _matrix(self, g: int, keys: Sequence[BlockKey], full: bool) -> NDArray[np.uint8]:
+        """(keys x slots) media bitmasks of group ``g``; a full-attention group stops at
+        the first key no worker holds (zeros follow)."""
+        ns = max(self._nslots, 1)
+        out = np.zeros((len(keys), ns), dtype=np.uint8)
+        t = self._tables.get(g)
+        if not t or not keys:
+            return out
+        if full:
+            vals = list(map(t.get, keys))
+            if None in vals:
+                del vals[vals.index(None) :]
+        else:
+            vals = list(map(t.get, keys, repeat(0)))
+        if not vals:
+            return out
+        s = self._stride
+        raw = b"".join(map(int.to_bytes, vals, repeat(s // 2), repeat("little")))
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(vals), s // 2)
+        bits = np.unpackbits(rows, axis=1, bitorder="little")  # (keys, 4 * stride)
+        media = bits[:, s : 2 * s] | (bits[:, 2 * s : 3 * s] << 1) | (bits[:, 3 * s :] << 2)
+        out[: len(vals)] = media[:, :ns]
+        return out
+
+    async def fetch(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> dict[str, WorkerSnapshot | None]:
+        out: dict[str, WorkerSnapshot | None] = {}
+        found = []
+        for wid in worker_ids:
+            w = self._workers.get(wid)
+            out[wid] = (
+                None
+                if w is None
+                else WorkerSnapshot(dict(w.state.groups), {}, w.state.hash_unit, w.state.settings)
+            )
+            if w is not None:
+                found.append((wid, w))
+        bound: dict[str, int] = {}  # tokens: each worker's shortest full-attention prefix
+        for full in (True, False):
+            todo: dict[tuple[int, int], list[tuple[str, Any]]] = {}
+            for wid, w in found:
+                for g, bs, is_full in w.plan:
+                    if is_full == full and bs in keys_by_size:
+                        todo.setdefault((g, bs), []).append((wid, w))
+            for (g, bs), members in todo.items():
+                keys = keys_by_size[bs]
+                if not full:
+                    reach = max(bound.get(wid, len(keys) * bs) for wid, _ in members)
+                    keys = keys[: reach // bs]
+                mat = self._matrix(g, keys, full)
+                for wid, w in members:
+                    col = mat[:, w.slot].tobytes()
+                    if full:
+                        z = col.find(0)
+                        got = col if z < 0 else col[:z]
+                        reach = len(got) * bs
+                        bound[wid] = min(bound.get(wid, reach), reach)
+                    else:
+                        got = col[: bound.get(wid, len(col) * bs) // bs].rstrip(b"\0")
+                    snap = out[wid]
+                    assert snap is not None
+                    snap.masks[g] = got
+        return out
+
+    async def fetch_columns(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> Columns:
+        cohorts: dict[int, tuple[WorkerSnapshot, list[str]]] = {}
+        unknown: list[str] = []
+        slots: dict[str, int] = {}
+        full_only: dict[tuple[int, int], bool] = {}
+        workers = self._workers
+        for wid in worker_ids:
+            w = workers.get(wid)
+            if w is None:
+                unknown.append(wid)
+                continue
+            slots[wid] = w.slot
+            c = cohorts.get(w.layout)
+            if c is None:
+                c = cohorts[w.layout] = (w.snap, [])
+                for g, bs, is_full in w.plan:
+                    if bs in keys_by_size:
+                        full_only[(g, bs)] = full_only.get((g, bs), True) and is_full
+            c[1].append(wid)
+        mats = {
+            (g, bs): self._matrix(g, keys_by_size[bs], full) for (g, bs), full in full_only.items()
+        }
+        return Columns(list(cohorts.values()), unknown, slots, mats, max(self._nslots, 1))
+
+    async def fetch_bits(self, worker_ids: Sequence[str]) -> Bits:
+        cohorts: dict[int, tuple[WorkerSnapshot, list[tuple[str, int]]]] = {}
+        unknown: list[str] = []
+        workers = self._workers
+        for wid in worker_ids:
+            w = workers.get(wid)
+            if w is None:
+                unknown.append(wid)
+                continue
+            c = cohorts.get(w.layout)
+            if c is None:
+                c = cohorts[w.layout] = (w.snap, [])
+            c[1].append((wid, w.slot))
+        return Bits(list(cohorts.values()), unknown, self._tables, self._stride)
