@@ -28,11 +28,14 @@ from typing import Any
 import msgspec
 import numpy as np
 
+__all__ = ["GroupRow", "ScoreResult", "Scorer", "WorkerRow", "to_response"]
+
 from router.index.base import (
     CPU_BIT,
     DEFAULT_TIER_WEIGHTS,
     GPU_BIT,
     STORAGE_BIT,
+    Bits,
     BlockKey,
     Columns,
     GroupMeta,
@@ -41,6 +44,8 @@ from router.index.base import (
 )
 from router.ingest.block_keys import request_keys
 from router.ingest.placement import block_keys_at
+from router.score.bits import cohort_rows
+from router.score.rows import GroupRow, ScoreResult, WorkerRow
 from router.score.rule import Plan, tier, truncate
 from router.score.vec import FEW, tier_counts, tier_hits
 from schemas.rest import ScoreResponse
@@ -48,33 +53,6 @@ from schemas.rest import ScoreResponse
 # Below this many workers the per-worker path is as fast (numpy's fixed cost per call
 # outweighs the per-worker Python it saves; measured in benchmarks/router_core.py).
 COLUMNS_MIN_WORKERS = 32
-
-
-# The result as msgspec Structs: the same fields, order and defaults as ``schemas.rest``'s
-# ``GroupScore`` / ``WorkerScore`` / ``ScoreResponse``, so ``msgspec.json.encode`` of a
-# result is the JSON of the validated pydantic model (tested) at a fraction of the cost --
-# /v1/score answers with it; ``Scorer.score`` still returns the pydantic model.
-class GroupRow(msgspec.Struct):
-    group_idx: int
-    kind: str | None = None
-    block_size: int | None = None
-    learned: bool = True
-    hit_tokens: int = 0
-    hit_tokens_gpu: int = 0
-
-
-class WorkerRow(msgspec.Struct):
-    worker_id: str
-    hit_tokens: int
-    hit_tokens_gpu: int
-    score: float
-    learned: bool = True
-    groups: list[GroupRow] = msgspec.field(default_factory=list)
-
-
-class ScoreResult(msgspec.Struct):
-    request_tokens: int
-    workers: list[WorkerRow]
 
 
 _encoder = msgspec.json.Encoder()
@@ -104,10 +82,13 @@ class Scorer:
         tier_weights: dict[str, float] | None = None,
         columns: bool = True,
         columns_min_workers: int = COLUMNS_MIN_WORKERS,
+        bits: bool = True,
     ) -> None:
         self.index = index
-        # False: always the per-worker path (benchmarks compare the two in one run).
+        # False: always the per-worker path (benchmarks compare the paths in one run).
         self.columns = columns
+        # False: the numpy columns path instead of bitsets (when the backend has both).
+        self.bits = bits
         self.columns_min_workers = columns_min_workers
         self.tier_weights = {**DEFAULT_TIER_WEIGHTS, **(tier_weights or {})}
         w = self.tier_weights
@@ -174,6 +155,12 @@ class Scorer:
         keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
         n = len(token_ids)
         ids = list(dict.fromkeys(worker_ids))
+        bits = await self.index.fetch_bits(ids) if self.columns and self.bits else None
+        if bits is not None:
+            rows, rest = self._via_bits(bits, keys, used, n)
+            if rest:
+                rows += await self._via_snapshots(rest, keys, used, keys_for, n)
+            return _sorted(n, rows)
         wide = self.columns and len(ids) >= self.columns_min_workers
         cols = await self.index.fetch_columns(ids, keys) if wide else None
         if cols is None:
@@ -182,11 +169,38 @@ class Scorer:
             rows, rest = self._via_columns(cols, used, n)
             if rest:  # EAGLE, unknown groups, another hash unit: the per-worker path
                 rows += await self._via_snapshots(rest, keys, used, keys_for, n)
-        # Best first: score, then hit tokens, then worker id (stable sorts, keys in C).
-        rows.sort(key=_BY_ID)
-        rows.sort(key=_BY_HIT, reverse=True)
-        rows.sort(key=_BY_SCORE, reverse=True)
-        return ScoreResult(n, rows)
+        return _sorted(n, rows)
+
+    def _via_bits(
+        self, bits: Bits, keys: dict[int, Sequence[BlockKey]], used: dict[int, int], n: int
+    ) -> tuple[list[WorkerRow], list[str]]:
+        """Rows computed per cohort on presence bitsets (``router.score.bits``), and the
+        workers that need ``_via_snapshots`` instead (as ``_via_columns`` decides)."""
+        out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in bits.unknown]
+        rest: list[str] = []
+        for snap, members in bits.cohorts:
+            groups = snap.groups
+            if not groups:
+                out += [WorkerRow(w, 0, 0, 0.0, False) for w, _ in members]
+                continue
+            metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
+            unit = snap.hash_unit
+            if (
+                len(metas) != len(groups)
+                or snap.settings.eagle
+                or any(
+                    used.get(m.block_size) != (unit or m.block_size) or m.block_size not in keys
+                    for m in metas
+                )
+            ):
+                rest += [w for w, _ in members]
+                continue
+            plan = self._plan(metas)
+            group_keys = [keys[m.block_size] for m in metas]
+            out += cohort_rows(
+                plan, metas, members, bits, group_keys, n, self._weight, self._weighted
+            )
+        return out, rest
 
     async def _via_snapshots(
         self,
@@ -397,6 +411,14 @@ class Scorer:
         w = self._weight
         total = n_gpu * w[GPU_BIT] + n_cpu * w[CPU_BIT] + n_sto * w[STORAGE_BIT]
         return p * total / count if count else float(p)
+
+
+def _sorted(n: int, rows: list[WorkerRow]) -> ScoreResult:
+    """Best first: score, then hit tokens, then worker id (stable sorts, keys in C)."""
+    rows.sort(key=_BY_ID)
+    rows.sort(key=_BY_HIT, reverse=True)
+    rows.sort(key=_BY_SCORE, reverse=True)
+    return ScoreResult(n, rows)
 
 
 def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
