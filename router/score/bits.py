@@ -33,6 +33,7 @@ import numpy as np
 from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
 from router.score.rows import GroupRow, WorkerRow
 from router.score.rule import Plan
+from router.score.vec import FEW, tier_counts
 from schemas.hit_rule import max_candidate
 
 ALL = -1  # every bit set: what an empty window (a hit ending at block 0) accepts
@@ -48,109 +49,76 @@ def prefix_classes(pa: list[int]) -> Classes:
     return out
 
 
-class Window:
-    """Which slots accept a hit ending at block ``e`` for one sliding/mamba group."""
+def accepts(vals: list[int], rule: str, width: int) -> list[int]:
+    """``out[e]``: the slots (bits of every field) whose sliding-window or mamba group
+    accepts a hit ending at block ``e`` (``out[0]``: everyone), for ``e <= len(vals)``.
 
-    __slots__ = ("_pre", "_suf", "mamba", "vals", "width")
-
-    def __init__(self, vals: list[int], rule: str, window_blocks: int) -> None:
-        self.vals = vals
-        self.mamba = rule == "mamba"
-        self.width = window_blocks
-        self._pre: list[int] | None = None
-        self._suf: list[int] = []
-
-    def _chunks(self) -> list[int]:
-        w, vals = self.width, self.vals
-        parts = [vals[s : s + w] for s in range(0, len(vals), w)]
-        self._suf = list(
-            chain.from_iterable(list(accumulate(reversed(c), and_))[::-1] for c in parts)
-        )
-        self._pre = pre = list(chain.from_iterable(accumulate(c, and_) for c in parts))
-        return pre
-
-    def at(self, e: int) -> int:
-        if e <= 0:
-            return ALL
-        if e > len(self.vals):
-            return 0
-        if self.mamba:
-            return self.vals[e - 1]
-        pre = self._pre if self._pre is not None else self._chunks()
-        w = self.width
-        a = e - w
-        if a <= 0:
-            return pre[e - 1]  # chunk 0 from its start
-        if a % w == 0:
-            return self._suf[a]  # exactly one chunk
-        return self._suf[a] & pre[e - 1]
+    A window's AND from per-chunk prefix and suffix ANDs (chunks of the window's
+    length): ``AND[e - w, e) = suffix[e - w] & prefix[e - 1]``. Every step is a C-level
+    ``accumulate`` / ``map``: O(blocks), no Python loop."""
+    if rule == "mamba":
+        return [ALL, *vals]
+    n, w = len(vals), width
+    parts = [vals[s : s + w] for s in range(0, n, w)]
+    pre = list(chain.from_iterable(accumulate(c, and_) for c in parts))
+    if n < w:
+        return [ALL, *pre]
+    suf = list(chain.from_iterable(list(accumulate(reversed(c), and_))[::-1] for c in parts))
+    return [ALL, *pre[: w - 1], *map(and_, suf[: n - w + 1], pre[w - 1 :])]
 
 
-def sweep(classes: Classes, checks: Sequence[tuple[int, Window]], step: int) -> Classes:
-    """{largest candidate ``<= cap`` every check accepts: slots}, for {cap: slots}."""
-    if not checks:
-        return dict(classes)
+def sweep(classes: Classes, cand: list[int], step: int) -> Classes:
+    """{largest candidate ``<= cap`` that ``cand`` accepts: slots} for {cap: slots};
+    ``cand[c]``: the slots accepting candidate ``c * step``. The search for the next
+    accepted candidate of the pending slots is one C-level ``compress`` per class."""
     out: Classes = {}
-    order = sorted(classes.items(), reverse=True)
+    order = sorted(((cap // step, bits) for cap, bits in classes.items()), reverse=True)
     pending = 0
     i, n = 0, len(order)
-    p = order[0][0]
-    while True:
-        while i < n and order[i][0] >= p:
-            pending |= order[i][1]
-            i += 1
-        if p <= 0:
-            if pending:
-                out[0] = out.get(0, 0) | pending
-            return out
-        ok = pending
-        for bs, win in checks:
-            ok &= win.at(p // bs)
-            if not ok:
+    last = len(cand) - 1
+    while i < n:
+        c, bits = order[i]
+        pending |= bits
+        i += 1
+        low = order[i][0] if i < n else 0
+        hi = min(c, last)
+        while pending and hi > low:
+            e = next(
+                compress(
+                    range(hi, low, -1),
+                    map(and_, reversed(cand[low + 1 : hi + 1]), repeat(pending)),
+                ),
+                0,
+            )
+            if not e:
                 break
-        if ok:
-            out[p] = out.get(p, 0) | ok
+            ok = cand[e] & pending
+            out[e * step] = out.get(e * step, 0) | ok
             pending ^= ok
-        if not pending:
-            if i == n:
-                return out
-            p = order[i][0]
-            continue
-        p -= step
+            hi = e - 1
+    if pending:
+        out[0] = out.get(0, 0) | pending
+    return out
 
 
-def _patterns(cohort: int, attrs: list[Classes]) -> list[tuple[tuple[int, ...], int]]:
-    """The slots' distinct value tuples (one value per attribute) as (tuple, slots)."""
-    cur: list[tuple[tuple[int, ...], int]] = [((), cohort)]
-    for attr in attrs:
-        items = list(attr.items())
-        nxt = []
-        for key, bits in cur:
-            for val, b in items:
-                x = bits & b
-                if x:
-                    nxt.append(((*key, val), x))
-                    bits ^= x
-                    if not bits:
-                        break
-        cur = nxt
-    return cur
-
-
-def _slots(bits: int) -> list[int]:
-    out = []
-    while bits:
-        low = bits & -bits
-        out.append(low.bit_length() - 1)
-        bits ^= low
+def _candidates(per_block: list[tuple[int, list[int]]], step: int) -> list[int]:
+    """Candidate-indexed acceptance (``c * step``) from block-indexed lists, ANDed over
+    the groups given as (block size, list)."""
+    lists = [acc if step == bs else acc[:: step // bs] for bs, acc in per_block]
+    if len(lists) == 1:
+        return lists[0]
+    n = min(map(len, lists))
+    out = lists[0][:n]
+    for other in lists[1:]:
+        out = list(map(and_, out, other[:n]))
     return out
 
 
 def _view(
     plan: Plan,
-    metas: tuple[GroupMeta, ...],
     vals: dict[int, list[int]],
-    windows: dict[int, Window],
+    cands: dict[int, list[int]],
+    joint_cand: list[int] | None,
     full_pa: dict[int, list[int]],
     top: int,
     mask: int,
@@ -158,19 +126,22 @@ def _view(
     """(joint hit classes, each group's own hit classes) for one tier view: slots'
     bits in the field ``mask`` selects (``mask``: the cohort's bits in that field)."""
     step = plan.step
-    own: list[Classes] = [{} for _ in metas]
+    own: list[Classes] = [{} for _ in plan.shapes]
     cap: Classes = {top: mask}
-    for g, m in enumerate(metas):
-        if m.rule != "full":
+    for g, (bs, rule, _) in enumerate(plan.shapes):
+        if rule != "full":
             continue
         pa = full_pa.get(g)
         if pa is None:
             pa = list(takewhile(bool, accumulate(vals[g], and_, initial=mask)))
         cls: Classes = {}
         for blocks, bits in prefix_classes(pa).items():
-            v = min(blocks * m.block_size, top) // step * step
+            v = min(blocks * bs, top) // step * step
             cls[v] = cls.get(v, 0) | bits
         own[g] = cls
+        if len(cap) == 1 and top in cap:
+            cap = cls
+            continue
         nxt: Classes = {}
         for c1, b1 in cap.items():
             for c2, b2 in cls.items():
@@ -179,26 +150,28 @@ def _view(
                     v = min(c1, c2)
                     nxt[v] = nxt.get(v, 0) | x
         cap = nxt
-    others = [g for g, m in enumerate(metas) if m.rule != "full"]
-    for g in others:
-        own[g] = sweep(cap, [(metas[g].block_size, windows[g])], step)
-    if not others:
+    if not cands:
         return cap, own
-    if len(others) == 1:
-        return own[others[0]], own
-    return sweep(cap, [(metas[g].block_size, windows[g]) for g in others], step), own
+    for g, cand in cands.items():
+        own[g] = sweep(cap, cand, step)
+    if joint_cand is None:
+        return own[next(iter(cands))], own
+    return sweep(cap, joint_cand, step), own
 
 
 def _media(vals: list[int], stride: int, slots: list[int]) -> np.ndarray:
-    """(blocks x len(slots)) media bitmasks of the given slots (1 GPU, 2 CPU, 4 STORAGE)."""
+    """(blocks x len(slots)) media bitmasks of the given slots (1 GPU, 2 CPU, 4 STORAGE):
+    only the bytes holding those slots' bits are read (no full unpack)."""
     if not vals:
         return np.zeros((0, len(slots)), dtype=np.uint8)
     raw = b"".join(map(int.to_bytes, vals, repeat(stride // 2), repeat("little")))
     rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(vals), stride // 2)
-    bits = np.unpackbits(rows, axis=1, bitorder="little")
-    idx = np.asarray(slots)
-    s = stride
-    return bits[:, s + idx] | (bits[:, 2 * s + idx] << 1) | (bits[:, 3 * s + idx] << 2)
+    idx = np.asarray(slots, dtype=np.int64)
+    shift = (idx % 8).astype(np.uint8)
+    out = np.zeros((len(vals), len(slots)), dtype=np.uint8)
+    for field in (1, 2, 3):
+        out |= ((rows[:, (field * stride + idx) // 8] >> shift) & 1) << (field - 1)
+    return out
 
 
 def cohort_rows(
@@ -224,8 +197,8 @@ def cohort_rows(
     vals: dict[int, list[int]] = {}
     full_pa: dict[int, list[int]] = {}
     reach = top  # tokens any slot can hit: the longest full-attention prefix
-    for g, m in enumerate(metas):
-        if m.rule != "full":
+    for g, (bs, rule, _) in enumerate(plan.shapes):
+        if rule != "full":
             continue
         get = (tables.get(g) or {}).get
         ks = keys[g]
@@ -233,63 +206,94 @@ def cohort_rows(
         full_pa[g] = pa
         depth = len(pa) - 1
         vals[g] = list(map(get, islice(ks, depth)))
-        reach = min(reach, depth * m.block_size)
-    windows: dict[int, Window] = {}
-    for g, m in enumerate(metas):
-        if m.rule == "full":
+        reach = min(reach, depth * bs)
+    blocks: dict[int, tuple[int, list[int]]] = {}
+    for g, (bs, rule, wb) in enumerate(plan.shapes):
+        if rule == "full":
             continue
         get = (tables.get(g) or {}).get
-        vals[g] = list(map(get, islice(keys[g], reach // m.block_size), repeat(0)))
-        spec = plan.specs[g]
-        windows[g] = Window(vals[g], spec.rule, spec.window_blocks)
-    hit, own = _view(plan, metas, vals, windows, full_pa, top, cohort)
+        vals[g] = list(map(get, islice(keys[g], reach // bs), repeat(0)))
+        blocks[g] = (bs, accepts(vals[g], rule, wb))
+    cands = {g: _candidates([b], step) for g, b in blocks.items()}
+    joint = _candidates(list(blocks.values()), step) if len(blocks) > 1 else None
+    hit, own = _view(plan, vals, cands, joint, full_pa, top, cohort)
     offloaded = any(v and max(v) >> (2 * stride) for v in vals.values())
     if offloaded:
         gm = cohort << stride
-        hit_g, own_g = _view(plan, metas, vals, windows, {}, top, gm)
+        hit_g, own_g = _view(plan, vals, cands, joint, {}, top, gm)
         hit_g = {k: b >> stride for k, b in hit_g.items()}
         own_g = [{k: b >> stride for k, b in c.items()} for c in own_g]
     else:
         hit_g, own_g = hit, own
     attrs = [hit, hit_g, *own, *own_g]
-    # Distinct dicts only (views and groups often share one).
-    uniq: list[Classes] = []
-    where: list[int] = []
-    for a in attrs:
-        for j, u in enumerate(uniq):
-            if u is a:
-                where.append(j)
-                break
-        else:
-            where.append(len(uniq))
-            uniq.append(a)
+    order = [s for _, s in members]
+    labels: list[list[int]] = []
+    done: dict[int, list[int]] = {}  # id(attr) -> its labels (views often share dicts)
+    for attr in attrs:
+        got = done.get(id(attr))
+        if got is None:
+            got = done[id(attr)] = _labels(attr, stride, order)
+        labels.append(got)
     g_n = len(metas)
     wg = weight[GPU_BIT]
+    shapes = plan.shapes
     out: list[WorkerRow] = []
     append = out.append
-    shapes = plan.shapes
-    for key, slots_bits in _patterns(cohort, uniq):
-        vs = [key[j] for j in where]
-        h, hg = vs[0], vs[1]
-        og, ogg = vs[2 : 2 + g_n], vs[2 + g_n :]
-        rows = [GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)]
-        slots = _slots(slots_bits)
-        if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
-            mats = [_media(vals[g], stride, slots) for g in range(g_n)]
-            for j, s in enumerate(slots):
+    memo: dict[tuple[int, ...], tuple[list[GroupRow], float | None]] = {}
+    mixed: list[tuple[str, int, int, int, list[GroupRow]]] = []
+    for (wid, slot), key in zip(members, zip(*labels, strict=True), strict=True):
+        got = memo.get(key)
+        h, hg = key[0], key[1]
+        if got is None:
+            og, ogg = key[2 : 2 + g_n], key[2 + g_n :]
+            rows = [
+                GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)
+            ]
+            score: float | None = 0.0
+            if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
+                score = None
+            elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
+                count = 0
+                for bs, rule, wb in shapes:
+                    end = h // bs
+                    count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
+                total = count * wg + 0 * weight[2] + 0 * weight[4]
+                score = round(max(h * total / count if count else float(h), hg * wg), 3)
+            got = memo[key] = (rows, score)
+        rows, score = got
+        if score is None:
+            mixed.append((wid, slot, h, hg, rows))
+        else:
+            append(WorkerRow(wid, h, hg, score, True, list(rows)))
+    if mixed:
+        ends = [max(h for _, _, h, _, _ in mixed) // bs for bs, _, _ in shapes]
+        every = [slot for _, slot, _, _, _ in mixed]
+        mats = [_media(vals[g][: ends[g]], stride, every) for g in range(g_n)]
+        if len(mixed) <= FEW:
+            for j, (wid, _, h, hg, rows) in enumerate(mixed):
                 lists = [mat[:, j].tobytes() for mat in mats]
                 score = round(max(weighted(h, plan, lists), hg * wg), 3)
-                append(WorkerRow(by_slot[s], h, hg, score, True, list(rows)))
-            continue
-        if h > 0:  # every needed block on GPU: Scorer._weighted's float, once
-            count = 0
-            for bs, rule, wb in shapes:
-                end = h // bs
-                count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
-            total = count * wg + 0 * weight[2] + 0 * weight[4]
-            score = round(max(h * total / count if count else float(h), hg * wg), 3)
-        else:
-            score = 0.0
-        for s in slots:
-            append(WorkerRow(by_slot[s], h, hg, score, True, list(rows)))
+                append(WorkerRow(wid, h, hg, score, True, list(rows)))
+        else:  # the same float operations as ``Scorer._weighted``, for all at once
+            p = np.fromiter((m[2] for m in mixed), dtype=np.int64, count=len(mixed))
+            ng, nc, ns, cnt = tier_counts(plan.specs, mats, p)
+            total = ng * wg + nc * weight[2] + ns * weight[4]
+            fl = (p * total / np.maximum(cnt, 1)).tolist()
+            for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
+                append(WorkerRow(wid, h, hg, round(max(f, hg * wg), 3), True, list(rows)))
     return out
+
+
+def _labels(attr: Classes, stride: int, order: list[int]) -> list[int]:
+    """Each slot's value (in ``order``) from {value: slots}: the bitsets unpacked to a
+    (values x slots) 0/1 matrix in C, then one product (the bitsets are disjoint)."""
+    if len(attr) == 1:
+        return [next(iter(attr))] * len(order)
+    width = stride // 8
+    raw = b"".join(map(int.to_bytes, attr.values(), repeat(width), repeat("little")))
+    bits = np.unpackbits(
+        np.frombuffer(raw, dtype=np.uint8).reshape(len(attr), width), axis=1, bitorder="little"
+    )
+    values = np.fromiter(attr.keys(), dtype=np.int64, count=len(attr))
+    labels: list[int] = (values @ bits[:, order]).tolist()
+    return labels
