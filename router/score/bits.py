@@ -24,7 +24,7 @@ gapped group indices and workers at another hash unit keep the per-worker path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate, chain, compress, islice, repeat, takewhile
 from operator import and_, ne
 
@@ -33,7 +33,6 @@ import numpy as np
 from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
 from router.score.rows import GroupRow, WorkerRow
 from router.score.rule import Plan
-from router.score.vec import FEW, tier_counts
 from schemas.hit_rule import max_candidate
 
 ALL = -1  # every bit set: what an empty window (a hit ending at block 0) accepts
@@ -159,19 +158,45 @@ def _view(
     return sweep(cap, joint_cand, step), own
 
 
-def _media(vals: list[int], stride: int, slots: list[int]) -> np.ndarray:
-    """(blocks x len(slots)) media bitmasks of the given slots (1 GPU, 2 CPU, 4 STORAGE):
-    only the bytes holding those slots' bits are read (no full unpack)."""
-    if not vals:
-        return np.zeros((0, len(slots)), dtype=np.uint8)
-    raw = b"".join(map(int.to_bytes, vals, repeat(stride // 2), repeat("little")))
-    rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(vals), stride // 2)
+def _tier_counts(
+    plan: Plan, vals: dict[int, list[int]], stride: int, slots: list[int], hits: list[int]
+) -> tuple[np.ndarray, ...]:
+    """Per slot, the blocks its hit needs (every group) by best tier: (GPU, CPU only,
+    STORAGE only, all) -- what ``Scorer._weighted`` counts, for every offloaded slot at
+    once: only the bytes holding those slots' bits are read, counts by prefix sums.
+    Every needed block is cached (the hit was accepted), so STORAGE only is the rest."""
+    m = len(slots)
+    p = np.asarray(hits, dtype=np.int64)
     idx = np.asarray(slots, dtype=np.int64)
-    shift = (idx % 8).astype(np.uint8)
-    out = np.zeros((len(vals), len(slots)), dtype=np.uint8)
-    for field in (1, 2, 3):
-        out |= ((rows[:, (field * stride + idx) // 8] >> shift) & 1) << (field - 1)
-    return out
+    shift = np.tile((idx % 8).astype(np.uint8), 2)
+    byte_cols = np.concatenate([(stride + idx) // 8, (2 * stride + idx) // 8])
+    cols = np.arange(2 * m)
+    n_gpu = np.zeros(m, dtype=np.int64)
+    n_cpu = np.zeros(m, dtype=np.int64)
+    count = np.zeros(m, dtype=np.int64)
+    for g, (bs, rule, wb) in enumerate(plan.shapes):
+        end = p // bs
+        start = (
+            np.zeros(m, dtype=np.int64)
+            if rule == "full"
+            else np.maximum(end - wb, 0)
+            if rule == "sliding"
+            else np.maximum(end - 1, 0)
+        )
+        count += end - start
+        top = int(end.max())
+        if top <= 0:
+            continue
+        raw = b"".join(map(int.to_bytes, vals[g][:top], repeat(stride // 2), repeat("little")))
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(top, stride // 2)
+        gc = (rows[:, byte_cols] >> shift) & 1  # (blocks, [GPU bits | CPU bits])
+        gc[:, m:] &= 1 - gc[:, :m]  # CPU only
+        cs = np.zeros((top + 1, 2 * m), dtype=np.int32)
+        np.cumsum(gc, axis=0, out=cs[1:])
+        got = cs[np.tile(end, 2), cols] - cs[np.tile(start, 2), cols]
+        n_gpu += got[:m]
+        n_cpu += got[m:]
+    return n_gpu, n_cpu, count - n_gpu - n_cpu, count
 
 
 def cohort_rows(
@@ -182,7 +207,6 @@ def cohort_rows(
     keys: Sequence[Sequence[BlockKey]],
     n: int,
     weight: list[float],
-    weighted: Callable[[int, Plan, Sequence[bytes]], float],
 ) -> list[WorkerRow]:
     """Rows of one cohort (workers of one group layout); ``keys[g]``: group ``g``'s
     request block keys."""
@@ -265,22 +289,13 @@ def cohort_rows(
             mixed.append((wid, slot, h, hg, rows))
         else:
             append(WorkerRow(wid, h, hg, score, True, list(rows)))
-    if mixed:
-        ends = [max(h for _, _, h, _, _ in mixed) // bs for bs, _, _ in shapes]
-        every = [slot for _, slot, _, _, _ in mixed]
-        mats = [_media(vals[g][: ends[g]], stride, every) for g in range(g_n)]
-        if len(mixed) <= FEW:
-            for j, (wid, _, h, hg, rows) in enumerate(mixed):
-                lists = [mat[:, j].tobytes() for mat in mats]
-                score = round(max(weighted(h, plan, lists), hg * wg), 3)
-                append(WorkerRow(wid, h, hg, score, True, list(rows)))
-        else:  # the same float operations as ``Scorer._weighted``, for all at once
-            p = np.fromiter((m[2] for m in mixed), dtype=np.int64, count=len(mixed))
-            ng, nc, ns, cnt = tier_counts(plan.specs, mats, p)
-            total = ng * wg + nc * weight[2] + ns * weight[4]
-            fl = (p * total / np.maximum(cnt, 1)).tolist()
-            for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
-                append(WorkerRow(wid, h, hg, round(max(f, hg * wg), 3), True, list(rows)))
+    if mixed:  # the same float operations as ``Scorer._weighted``, for all at once
+        hits = [m[2] for m in mixed]
+        ng, nc, ns, cnt = _tier_counts(plan, vals, stride, [m[1] for m in mixed], hits)
+        total = ng * wg + nc * weight[2] + ns * weight[4]
+        fl = (np.asarray(hits) * total / np.maximum(cnt, 1)).tolist()
+        for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
+            append(WorkerRow(wid, h, hg, round(max(f, hg * wg), 3), True, list(rows)))
     return out
 
 

@@ -197,9 +197,7 @@ class Scorer:
                 continue
             plan = self._plan(metas)
             group_keys = [keys[m.block_size] for m in metas]
-            out += cohort_rows(
-                plan, metas, members, bits, group_keys, n, self._weight, self._weighted
-            )
+            out += cohort_rows(plan, metas, members, bits, group_keys, n, self._weight)
         return out, rest
 
     async def _via_snapshots(
