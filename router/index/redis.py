@@ -12,6 +12,12 @@ Key layout: ``router.index.redis_lua``. Engine hash -> key lookups needed *befor
 (parents of stores from earlier batches) go through a bounded local cache of mappings
 this process wrote or read (a removal evicts its hashes, since the server may drop their
 map entries; the cache then answers exactly like the map) and one ``HMGET`` for misses.
+Replicas sharing one Redis: every worker carries a random *epoch* token in its metadata,
+replaced whenever its entries and map are cleared (AllBlocksCleared, a resync, a changed
+hash unit, removal and re-creation); cached mappings are trusted only under the epoch
+they were learned in -- ``resolve`` reads the epoch in the same round trip as its
+misses, and every ``APPLY`` returns it -- so a clear made by another replica empties
+this replica's cache of that worker before it answers from it.
 
 Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 """
@@ -19,6 +25,7 @@ Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
@@ -123,6 +130,12 @@ def key_blob(keys: Sequence[BlockKey]) -> bytes:
     return _be_bytes(array("Q", keys))
 
 
+def _new_epoch() -> int:
+    """A fresh epoch token (see the module docstring); random, so a worker removed and
+    created again never gets a token a cache was built under."""
+    return random.getrandbits(52) + 1
+
+
 def _plan(groups: dict[int, GroupMeta]) -> str:
     order = sorted(groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
     return ";".join(f"{g},{m.block_size},{int(m.rule == 'full')}" for g, m in order)
@@ -159,6 +172,8 @@ class RedisIndex(IndexBackend):
             self._r = aioredis.Redis.from_url(url, **opts)
         self._sha: dict[str, str] = {}
         self._cache: dict[tuple[str, int], dict[EngineHash, BlockKey]] = {}
+        # Per worker, the epoch its cached mappings were learned in (module docstring).
+        self._epochs: dict[str, bytes | None] = {}
         self._cached = 0
         self._cache_limit = cache_entries
 
@@ -205,6 +220,15 @@ class RedisIndex(IndexBackend):
     def _forget(self, worker_id: str) -> None:
         for key in [k for k in self._cache if k[0] == worker_id]:
             self._cached -= len(self._cache.pop(key))
+
+    def _check_epoch(self, worker_id: str, epoch: bytes | None) -> bool:
+        """Drop the worker's cached mappings unless they were learned in ``epoch`` (the
+        server's); True when they were kept."""
+        if worker_id in self._epochs and self._epochs[worker_id] == epoch:
+            return True
+        self._forget(worker_id)
+        self._epochs[worker_id] = epoch
+        return False
 
     # -- IndexBackend -------------------------------------------------------------------
 
@@ -266,6 +290,7 @@ class RedisIndex(IndexBackend):
             # (the worker set is only read to list workers).
             pipe = self._r.pipeline(transaction=not self.cluster)
             pipe.hset(meta, mapping={"state": blob, "plan": _plan(state.groups)})
+            pipe.hsetnx(meta, "epoch", _new_epoch())  # a new worker (or one re-created)
             pipe.sadd(WORKERS_KEY, worker_id)
             await pipe.execute()
 
@@ -291,18 +316,24 @@ class RedisIndex(IndexBackend):
         cache = self._cache.get((worker_id, block_size), {})
         out = [cache.get(h) for h in hashes]
         misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
-        if not misses:
-            return out
         prefix = worker_prefix(worker_id)
         fields = [encode_hash(h) for h in misses]
 
         async def run() -> list[Any]:
             pipe = self._r.pipeline(transaction=False)
-            for table in ("e", "t", "u"):  # the map, then newer and older ghosts
-                pipe.hmget(f"{prefix}{table}:{block_size}", fields)
+            pipe.hget(prefix + "meta", "epoch")  # are the cached mappings still valid?
+            if fields:
+                for table in ("e", "t", "u"):  # the map, then newer and older ghosts
+                    pipe.hmget(f"{prefix}{table}:{block_size}", fields)
             return await pipe.execute()
 
-        live, newer, older = await self._call(run)
+        got = await self._call(run)
+        if not self._check_epoch(worker_id, got[0]) and len(misses) < len(hashes):
+            # Another replica cleared or re-created the worker: the hits were stale.
+            return await self.resolve(worker_id, block_size, hashes)
+        if not misses:
+            return out
+        live, newer, older = got[1:]
         found = {
             h: int.from_bytes(a or b or c, "big")
             for h, a, b, c in zip(misses, live, newer, older, strict=True)
@@ -341,9 +372,11 @@ class RedisIndex(IndexBackend):
         except NoScriptError:  # Redis restarted or SCRIPT FLUSH: nothing ran, send again
             await self._call(lambda: self._script_sha("APPLY", reload=True))
             replies = await self._call(run)
+        for (worker_id, _, _), got in zip(items, replies, strict=True):
+            self._check_epoch(worker_id, got[5] if len(got) > 5 else None)
         for worker_id, bs, pairs in learned:
             self._remember(worker_id, bs, pairs)
-        return [ApplyResult(*(int(x) for x in got)) for got in replies]
+        return [ApplyResult(*(int(x) for x in got[:5])) for got in replies]
 
     def _apply_args(
         self,
@@ -359,8 +392,10 @@ class RedisIndex(IndexBackend):
                 args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
                 continue
             if isinstance(op, ClearOp):
-                args.append(b"3")
+                args.append(f"3 {_new_epoch()}".encode())
                 self._forget(worker_id)
+                # Mappings learned before the clear in this call are void after it.
+                learned[:] = [x for x in learned if x[0] != worker_id]
                 continue
             bs = groups[op.group].block_size
             sibs = [g for g, m in groups.items() if g != op.group and m.block_size == bs]
@@ -387,7 +422,10 @@ class RedisIndex(IndexBackend):
     async def clear_worker(self, worker_id: str) -> None:
         self._forget(worker_id)
         prefix = worker_prefix(worker_id)
-        await self._eval("APPLY", [prefix + "keys"], [prefix, self._ghost_cap, b"3"])
+        got = await self._eval(
+            "APPLY", [prefix + "keys"], [prefix, self._ghost_cap, f"3 {_new_epoch()}".encode()]
+        )
+        self._check_epoch(worker_id, got[5])
         await self._call(lambda: self._r.unlink(prefix + "s"))
 
     async def save_registration(self, worker_id: str, spec: bytes) -> None:
