@@ -26,7 +26,6 @@ from operator import attrgetter
 from typing import Any
 
 import msgspec
-import numpy as np
 
 __all__ = ["GroupRow", "ScoreResult", "Scorer", "WorkerRow", "to_response"]
 
@@ -47,7 +46,7 @@ from router.ingest.placement import block_keys_at
 from router.score.bits import cohort_rows
 from router.score.rows import GroupRow, ScoreResult, WorkerRow
 from router.score.rule import Plan, tier, truncate
-from router.score.vec import FEW, tier_counts, tier_hits
+from router.score.vec import columns_rows
 from schemas.rest import ScoreResponse
 
 # Below this many workers the per-worker path is as fast (numpy's fixed cost per call
@@ -231,92 +230,8 @@ class Scorer:
     def _via_columns(
         self, cols: Columns, used: dict[int, int], n: int
     ) -> tuple[list[WorkerRow], list[str]]:
-        """Rows computed per cohort (workers with identical metadata) over all its
-        workers at once (``router.score.vec``), and the workers that need
-        ``_via_snapshots`` instead."""
-        out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in cols.unknown]
-        rest: list[str] = []
-        weight = self._weight
-        exact = weight[GPU_BIT] == 1.0
-        for snap, cohort in cols.cohorts:
-            groups = snap.groups
-            if not groups:
-                out += [WorkerRow(w, 0, 0, 0.0, False) for w in cohort]
-                continue
-            metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
-            unit = snap.hash_unit
-            if (
-                len(metas) != len(groups)
-                or snap.settings.eagle
-                or any(
-                    used.get(m.block_size) != (unit or m.block_size)
-                    or (g, m.block_size) not in cols.matrices
-                    for g, m in enumerate(metas)
-                )
-            ):
-                rest += cohort
-                continue
-            plan = self._plan(metas)
-            idx = [cols.slots[w] for w in cohort]
-            # blocks x workers, one matrix per group
-            whole = idx == list(range(len(idx))) and len(idx) == cols.width
-            masks = [
-                mat if whole else mat[:, idx]
-                for mat in (cols.matrices[(g, m.block_size)] for g, m in enumerate(metas))
-            ]
-            cached = [mat != 0 for mat in masks]
-            on_gpu = [(mat & GPU_BIT).view(np.bool_) for mat in masks]
-            hit, own = tier_hits(plan.specs, plan.step, cached, n)
-            # Workers holding some block on no GPU: their GPU-only view differs.
-            other = np.zeros(len(idx), dtype=np.bool_)
-            for c, gpu, mat in zip(cached, on_gpu, masks, strict=True):
-                if mat.max(initial=0) > GPU_BIT:  # some block is offloaded at all
-                    other |= (c > gpu).any(axis=0)
-            hit_gpu, own_gpu = hit, own
-            some = np.flatnonzero(other)
-            if some.size:
-                hit_gpu, own_gpu = hit.copy(), [o.copy() for o in own]
-                sub_hit, sub_own = tier_hits(
-                    plan.specs, plan.step, [gpu[:, some] for gpu in on_gpu], n
-                )
-                hit_gpu[some] = sub_hit
-                for o, so in zip(own_gpu, sub_own, strict=True):
-                    o[some] = so
-            per = np.stack([*own, *own_gpu], axis=1).tolist()
-            # Tier-weighted scores: p for hits held on GPUs throughout (weight 1.0),
-            # else from the needed blocks' counts per tier, as ``_weighted`` does.
-            scores = hit.astype(np.float64)
-            mixed = np.arange(len(idx)) if not exact else some
-            if 0 < mixed.size <= FEW:  # per worker: fewer calls than the bulk counts
-                for j in mixed.tolist():
-                    lists = [mat[:, j].tobytes() for mat in masks]
-                    h = int(hit[j])
-                    scores[j] = max(self._weighted(h, plan, lists), hit_gpu[j] * weight[GPU_BIT])
-            elif mixed.size:
-                wg, wc, ws = (weight[GPU_BIT], weight[CPU_BIT], weight[STORAGE_BIT])
-                ng, nc, ns, cnt = tier_counts(plan.specs, [m[:, mixed] for m in masks], hit[mixed])
-                p = hit[mixed]
-                total = ng * wg + nc * wc + ns * ws
-                weighted = np.where(p > 0, p * total / np.maximum(cnt, 1), 0.0)
-                scores[mixed] = np.maximum(weighted, hit_gpu[mixed] * wg)
-            score_list = scores.tolist()
-            for j in mixed.tolist():  # integral scores need no rounding
-                score_list[j] = round(score_list[j], 3)
-            group_rows: dict[tuple[int, ...], list[GroupRow]] = {}
-            g_n = len(metas)
-            append = out.append
-            for wid, h, hg, og, score in zip(
-                cohort, hit.tolist(), hit_gpu.tolist(), per, score_list, strict=True
-            ):
-                key = tuple(og)
-                rows = group_rows.get(key)
-                if rows is None:
-                    rows = group_rows[key] = [
-                        GroupRow(g, m.kind, m.block_size, True, og[g], og[g_n + g])
-                        for g, m in enumerate(metas)
-                    ]
-                append(WorkerRow(wid, h, hg, score, True, list(rows)))
-        return out, rest
+        """The numpy columns path (``router.score.vec.columns_rows``)."""
+        return columns_rows(cols, used, n, self._weight, self._plan, self._weighted)
 
     def _plan(self, metas: tuple[GroupMeta, ...]) -> Plan:
         plan = self._plans.get(metas)
