@@ -25,8 +25,9 @@ gapped group indices and workers at another hash unit keep the per-worker path.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import reduce
 from itertools import accumulate, chain, compress, islice, repeat, takewhile
-from operator import and_, ne
+from operator import and_, ne, or_
 
 import numpy as np
 
@@ -158,6 +159,19 @@ def _view(
     return sweep(cap, joint_cand, step), own
 
 
+def _merge(same: Classes, keep: int, gpu: Classes, stride: int) -> Classes:
+    """GPU-view classes: ``keep``'s slots as in the any-medium view, the others from
+    ``gpu`` (computed on field 1, hence shifted by ``stride``)."""
+    out: Classes = {}
+    for k, b in same.items():
+        x = b & keep
+        if x:
+            out[k] = x
+    for k, b in gpu.items():
+        out[k] = out.get(k, 0) | (b >> stride)
+    return out
+
+
 def _tier_counts(
     plan: Plan, vals: dict[int, list[int]], stride: int, slots: list[int], hits: list[int]
 ) -> tuple[np.ndarray, ...]:
@@ -241,12 +255,18 @@ def cohort_rows(
     cands = {g: _candidates([b], step) for g, b in blocks.items()}
     joint = _candidates(list(blocks.values()), step) if len(blocks) > 1 else None
     hit, own = _view(plan, vals, cands, joint, full_pa, top, cohort)
-    offloaded = any(v and max(v) >> (2 * stride) for v in vals.values())
-    if offloaded:
-        gm = cohort << stride
-        hit_g, own_g = _view(plan, vals, cands, joint, {}, top, gm)
-        hit_g = {k: b >> stride for k, b in hit_g.items()}
-        own_g = [{k: b >> stride for k, b in c.items()} for c in own_g]
+    # Slots holding some read block on CPU or STORAGE: only their GPU view differs.
+    off = 0
+    for v in vals.values():
+        if v:
+            r = reduce(or_, v)
+            off |= (r >> (2 * stride)) | (r >> (3 * stride))
+    off &= cohort
+    if off:
+        hit_g, own_g = _view(plan, vals, cands, joint, {}, top, off << stride)
+        keep = cohort ^ off
+        hit_g = _merge(hit, keep, hit_g, stride)
+        own_g = [_merge(a, keep, g, stride) for a, g in zip(own, own_g, strict=True)]
     else:
         hit_g, own_g = hit, own
     attrs = [hit, hit_g, *own, *own_g]
