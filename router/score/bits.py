@@ -177,39 +177,39 @@ def _tier_counts(
 ) -> tuple[np.ndarray, ...]:
     """Per slot, the blocks its hit needs (every group) by best tier: (GPU, CPU only,
     STORAGE only, all) -- what ``Scorer._weighted`` counts, for every offloaded slot at
-    once: only the bytes holding those slots' bits are read, counts by prefix sums.
-    Every needed block is cached (the hit was accepted), so STORAGE only is the rest."""
+    once: the groups' needed blocks in one matrix of only the bytes holding those slots'
+    bits, counts by prefix sums. Every needed block is cached (the hit was accepted),
+    so STORAGE only is the rest."""
     m = len(slots)
     p = np.asarray(hits, dtype=np.int64)
     idx = np.asarray(slots, dtype=np.int64)
-    shift = np.tile((idx % 8).astype(np.uint8), 2)
-    byte_cols = np.concatenate([(stride + idx) // 8, (2 * stride + idx) // 8])
-    cols = np.arange(2 * m)
-    n_gpu = np.zeros(m, dtype=np.int64)
-    n_cpu = np.zeros(m, dtype=np.int64)
-    count = np.zeros(m, dtype=np.int64)
+    ranges = []
+    parts: list[int] = []
     for g, (bs, rule, wb) in enumerate(plan.shapes):
         end = p // bs
-        start = (
-            np.zeros(m, dtype=np.int64)
-            if rule == "full"
-            else np.maximum(end - wb, 0)
-            if rule == "sliding"
-            else np.maximum(end - 1, 0)
-        )
-        count += end - start
-        top = int(end.max())
-        if top <= 0:
-            continue
-        raw = b"".join(map(int.to_bytes, vals[g][:top], repeat(stride // 2), repeat("little")))
-        rows = np.frombuffer(raw, dtype=np.uint8).reshape(top, stride // 2)
-        gc = (rows[:, byte_cols] >> shift) & 1  # (blocks, [GPU bits | CPU bits])
-        gc[:, m:] &= 1 - gc[:, :m]  # CPU only
-        cs = np.zeros((top + 1, 2 * m), dtype=np.int32)
-        np.cumsum(gc, axis=0, out=cs[1:])
-        got = cs[np.tile(end, 2), cols] - cs[np.tile(start, 2), cols]
-        n_gpu += got[:m]
-        n_cpu += got[m:]
+        if rule == "full":
+            start = np.zeros(m, dtype=np.int64)
+        elif rule == "sliding":
+            start = np.maximum(end - wb, 0)
+        else:
+            start = np.maximum(end - 1, 0)
+        off = len(parts)
+        parts += vals[g][: int(end.max())]
+        ranges.append((start + off, end + off))
+    count = sum(e - b for b, e in ranges)
+    if not parts:
+        zero = np.zeros(m, dtype=np.int64)
+        return zero, zero, count, count
+    raw = b"".join(map(int.to_bytes, parts, repeat(stride // 2), repeat("little")))
+    rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(parts), stride // 2)
+    shift = np.tile((idx % 8).astype(np.uint8), 2)
+    gc = (rows[:, np.concatenate([(stride + idx) // 8, (2 * stride + idx) // 8])] >> shift) & 1
+    gc[:, m:] &= 1 - gc[:, :m]  # CPU only
+    cs = np.zeros((len(parts) + 1, 2 * m), dtype=np.int32)
+    np.cumsum(gc, axis=0, out=cs[1:])
+    cols = np.arange(2 * m)
+    got = sum(cs[np.tile(e, 2), cols] - cs[np.tile(b, 2), cols] for b, e in ranges)
+    n_gpu, n_cpu = got[:m].astype(np.int64), got[m:].astype(np.int64)
     return n_gpu, n_cpu, count - n_gpu - n_cpu, count
 
 
@@ -270,14 +270,14 @@ def cohort_rows(
     else:
         hit_g, own_g = hit, own
     attrs = [hit, hit_g, *own, *own_g]
-    order = [s for _, s in members]
-    labels: list[list[int]] = []
-    done: dict[int, list[int]] = {}  # id(attr) -> its labels (views often share dicts)
+    uniq: list[Classes] = []  # views and groups often share one dict
+    where: list[int] = []
     for attr in attrs:
-        got = done.get(id(attr))
-        if got is None:
-            got = done[id(attr)] = _labels(attr, stride, order)
-        labels.append(got)
+        j = next((j for j, u in enumerate(uniq) if u is attr or u == attr), len(uniq))
+        if j == len(uniq):
+            uniq.append(attr)
+        where.append(j)
+    per_slot = _labels(uniq, stride, [s for _, s in members])
     g_n = len(metas)
     wg = weight[GPU_BIT]
     shapes = plan.shapes
@@ -285,11 +285,13 @@ def cohort_rows(
     append = out.append
     memo: dict[tuple[int, ...], tuple[list[GroupRow], float | None]] = {}
     mixed: list[tuple[str, int, int, int, list[GroupRow]]] = []
-    for (wid, slot), key in zip(members, zip(*labels, strict=True), strict=True):
+    for (wid, slot), row in zip(members, per_slot, strict=True):
+        key = tuple(row)
         got = memo.get(key)
-        h, hg = key[0], key[1]
+        h, hg = key[where[0]], key[where[1]]
         if got is None:
-            og, ogg = key[2 : 2 + g_n], key[2 + g_n :]
+            og = [key[where[2 + g]] for g in range(g_n)]
+            ogg = [key[where[2 + g_n + g]] for g in range(g_n)]
             rows = [
                 GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)
             ]
@@ -319,16 +321,21 @@ def cohort_rows(
     return out
 
 
-def _labels(attr: Classes, stride: int, order: list[int]) -> list[int]:
-    """Each slot's value (in ``order``) from {value: slots}: the bitsets unpacked to a
-    (values x slots) 0/1 matrix in C, then one product (the bitsets are disjoint)."""
-    if len(attr) == 1:
-        return [next(iter(attr))] * len(order)
+def _labels(attrs: list[Classes], stride: int, order: list[int]) -> list[list[int]]:
+    """Per slot (in ``order``), its value in each of ``attrs`` ({value: slots}): every
+    bitset unpacked into one (bitsets x slots) 0/1 matrix in C; within an attribute
+    exactly one bitset holds a slot, so its row is an ``argmax``."""
     width = stride // 8
-    raw = b"".join(map(int.to_bytes, attr.values(), repeat(width), repeat("little")))
+    bitsets = [b for a in attrs for b in a.values()]
+    raw = b"".join(map(int.to_bytes, bitsets, repeat(width), repeat("little")))
     bits = np.unpackbits(
-        np.frombuffer(raw, dtype=np.uint8).reshape(len(attr), width), axis=1, bitorder="little"
-    )
-    values = np.fromiter(attr.keys(), dtype=np.int64, count=len(attr))
-    labels: list[int] = (values @ bits[:, order]).tolist()
+        np.frombuffer(raw, dtype=np.uint8).reshape(len(bitsets), width), axis=1, bitorder="little"
+    )[:, order]
+    out = np.empty((len(order), len(attrs)), dtype=np.int64)
+    r = 0
+    for i, a in enumerate(attrs):
+        values = np.fromiter(a, dtype=np.int64, count=len(a))
+        out[:, i] = values[bits[r : r + len(a)].argmax(axis=0)] if len(a) > 1 else values[0]
+        r += len(a)
+    labels: list[list[int]] = out.tolist()
     return labels
