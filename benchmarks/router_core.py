@@ -200,9 +200,9 @@ async def bench_score(
     """Score latency; ``peer``: also the per-worker path (``Scorer(columns=False)``) on
     the same index, queries alternating between the two (ratios from one run)."""
     prompts = await populate(index, n_workers, scenario)
-    scorers = {"score": Scorer(index)}
+    scorers = {"score": Scorer(index, bits_min_workers=0)}
     if peer:
-        scorers["columns"] = Scorer(index, bits=False)
+        scorers["columns"] = Scorer(index, bits=False, columns_min_workers=0)
         scorers["per_worker"] = Scorer(index, columns=False)
     workers = [f"w{w}" for w in range(n_workers)]
     rng = random.Random(3)

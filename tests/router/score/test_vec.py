@@ -78,7 +78,9 @@ async def test_all_workers_paths_equal_the_per_worker_path(
     for seed in range(6):
         await index.close()  # empties the index between fleets
         prompts = await _fleet(harness, n_workers, layouts, seed)
-        scorer = Scorer(index, tier_weights=weights, columns_min_workers=0, bits=bits)
+        scorer = Scorer(
+            index, tier_weights=weights, columns_min_workers=0, bits=bits, bits_min_workers=0
+        )
         workers = [f"w{w}" for w in range(n_workers)] + ["never-seen"]
         for toks in prompts:
             for length in (len(toks), 200, 17, 1):
