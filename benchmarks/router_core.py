@@ -14,10 +14,10 @@
 * bytes per (worker, group, block) entry: memory with tracemalloc (what the index keeps,
   the engine hashes included), redis from ``INFO memory`` before/after.
 
-Memory scores run three scorers on the same index, queries alternating: the bitset path
-(``Scorer``, ``router.score.bits``), the numpy columns path (``Scorer(bits=False)``,
-``router.score.vec``) and the per-worker path (``Scorer(columns=False)``, what every
-score used before issue 13); all must answer alike, and the ratio of the per-worker
+Memory scores run three scorers on the same index, queries alternating, each path forced
+whatever the worker count: bitsets (``router.score.bits``), numpy columns
+(``router.score.vec``) and per worker (``Scorer(columns=False)``, what every score used
+before issue 13); all must answer alike, and the ratio of the per-worker
 path's CPU p50 to the bitset path's is printed. Targets (issue 13): score <= 0.3 ms
 p50 / 0.6 ms p99 at 64 workers, <= 1 ms p99 at 256; >= 1.5M block events/s memory
 ingest, >= 300k/s redis.

@@ -27,8 +27,6 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["GroupRow", "ScoreResult", "Scorer", "WorkerRow", "to_response"]
-
 from router.index.base import (
     CPU_BIT,
     DEFAULT_TIER_WEIGHTS,
@@ -48,6 +46,8 @@ from router.score.rows import GroupRow, ScoreResult, WorkerRow
 from router.score.rule import Plan, tier, truncate
 from router.score.vec import columns_rows
 from schemas.rest import ScoreResponse
+
+__all__ = ["GroupRow", "ScoreResult", "Scorer", "WorkerRow", "to_response"]
 
 # Below this many workers the per-worker path is as fast (numpy's fixed cost per call
 # outweighs the per-worker Python it saves; measured in benchmarks/router_core.py).
