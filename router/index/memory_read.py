@@ -49,12 +49,19 @@ class MemoryReads(IndexBackend):
             vals = list(map(t.get, keys, repeat(0)))
         if not vals:
             return out
-        s = self._stride
+        s, n = self._stride, len(vals)
+        lo, nb = s // 8, (ns + 7) // 8  # field 1 starts at byte lo; nb bytes hold the slots
+        if max(vals) >> (2 * s) == 0:  # nothing offloaded: the GPU field is the mask
+            raw = b"".join(map(int.to_bytes, vals, repeat(s // 4), repeat("little")))
+            rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, s // 4)
+            gpu = np.unpackbits(rows[:, lo : lo + nb], axis=1, bitorder="little")
+            out[:n] = gpu[:, :ns]
+            return out
         raw = b"".join(map(int.to_bytes, vals, repeat(s // 2), repeat("little")))
-        rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(vals), s // 2)
-        bits = np.unpackbits(rows, axis=1, bitorder="little")  # (keys, 4 * stride)
-        media = bits[:, s : 2 * s] | (bits[:, 2 * s : 3 * s] << 1) | (bits[:, 3 * s :] << 2)
-        out[: len(vals)] = media[:, :ns]
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, s // 2)
+        cols = np.concatenate([np.arange(f * lo, f * lo + nb) for f in (1, 2, 3)])
+        bits = np.unpackbits(rows[:, cols], axis=1, bitorder="little").reshape(n, 3, nb * 8)
+        out[:n] = (bits[:, 0] | (bits[:, 1] << 1) | (bits[:, 2] << 2))[:, :ns]
         return out
 
     async def fetch(
