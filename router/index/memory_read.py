@@ -62,9 +62,9 @@ class MemoryReads(IndexBackend):
             return out
         raw = b"".join(map(int.to_bytes, vals, repeat(s // 2), repeat("little")))
         rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, s // 2)
-        cols = np.concatenate([np.arange(f * lo, f * lo + nb) for f in (1, 2, 3)])
-        bits = np.unpackbits(rows[:, cols], axis=1, bitorder="little").reshape(n, 3, nb * 8)
-        out[:n] = (bits[:, 0] | (bits[:, 1] << 1) | (bits[:, 2] << 2))[:, :ns]
+        for f in (1, 2, 3):  # GPU, CPU, STORAGE bits of the slots only
+            got = np.unpackbits(rows[:, f * lo : f * lo + nb], axis=1, bitorder="little")
+            out[:n] |= got[:, :ns] << (f - 1)
         return out
 
     def _slot_bytes(
