@@ -215,19 +215,20 @@ class Columns:
 class Bits:
     """Every worker's membership as presence bitsets (``fetch_bits``; memory index).
 
-    ``tables[g]`` maps a block key to an int of four ``stride``-bit fields: bit ``s`` of
-    field 0 says slot ``s`` holds the key on some medium, fields 1-3 on GPU, CPU and
+    ``tables[g]`` maps a block key to an int with four bits per slot ``s``: bit ``4s``
+    set when slot ``s`` holds the key on some medium, ``4s+1``..``4s+3`` on GPU, CPU,
     STORAGE. A read-only view of the index's own tables: the scorer looks keys up
     itself, so it can stop at the first key no requested worker holds. ``cohorts``
-    groups the known workers by identical metadata as (snapshot, [(id, slot)]).
-    Why: an AND of one int per request block answers for every worker at once, so a
-    score costs what the prompt's blocks cost, not workers x blocks (router.score.bits).
+    groups the known workers by identical metadata as (snapshot, [(id, slot)]);
+    ``slots`` bounds the slot numbers. Why: an AND of one int per request block
+    answers for every worker at once, so a score costs what the prompt's blocks cost,
+    not workers x blocks (router.score.bits).
     """
 
     cohorts: list[tuple[WorkerSnapshot, list[tuple[str, int]]]]
     unknown: list[str]
     tables: dict[int, dict[BlockKey, int]]
-    stride: int
+    slots: int
 
 
 class IndexBackend(ABC):

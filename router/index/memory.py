@@ -1,15 +1,15 @@
-"""The in-process index (default): one shared table per group index, bitsets of slots.
+"""The in-process index (default): one shared table per group index, a nibble per slot.
 
-Layout, and why. ``tables[g]`` maps a block key to an int of four ``stride``-bit
-fields (``stride``: a power of two >= the worker slots, at least 64): field 0 has bit
-``s`` set when the worker in slot ``s`` holds the key on some medium, fields 1-3 when it
-holds it on GPU, CPU, STORAGE. So a score costs one dict lookup per request block and
-group and one AND per block for every worker at once (``router.score.bits``) -- not one
+Layout, and why. ``tables[g]`` maps a block key to an int holding four bits per worker
+slot ``s``: bit ``4s`` is set when that worker holds the key on some medium, bits
+``4s+1``, ``4s+2``, ``4s+3`` when it holds it on GPU, CPU, STORAGE. So a score costs one
+dict lookup per request block and group and one AND per block for every worker at once
+(``router.score.bits``: the any-medium bits AND like a bitset of slots) -- not one
 lookup per block *per worker* (measured: with 64 workers the per-worker layout spent
-~8 ms of an 8k-token score in cache-missing lookups) and not a byte per worker per key
-(the previous layout: memory and row unpacking grew with the worker count). A key held
-by one worker alone stores one shared int per (slot, medium), so its value costs
-nothing; workers sharing a prefix share its entries.
+~8 ms of an 8k-token score in cache-missing lookups) -- and a worker's media bytes are
+one strided slice of the values' bytes and a ``translate`` (a slot's four bits share a
+byte). A key held by one worker alone stores one shared int per (slot, medium), so its
+value costs nothing; workers sharing a prefix share its entries.
 
 Per worker: ``maps[block_size]`` maps engine hash -> block key, shared by the groups of
 one block size (they carry the same hashes). It doubles as the reverse structure: every
@@ -42,7 +42,6 @@ _BIT_SLOT = {1: 0, 2: 1, 4: 2}
 # sliding-window block, an evicted prefix), and only the mapping can name that parent.
 GHOST_ENTRIES = 65_536
 _INT_BYTES = sys.getsizeof(2**63)
-MIN_STRIDE = 64
 
 
 class _Worker:
@@ -96,7 +95,6 @@ class MemoryIndex(MemoryReads):
         self._free: list[int] = []
         self._registrations: dict[str, bytes] = {}  # lives as long as this process
         self._nslots = 0
-        self._stride = MIN_STRIDE
         # (slot, medium field) -> the value of a key held by that slot alone, on that
         # medium: one shared int object instead of one per key.
         self._solo: dict[tuple[int, int], int] = {}
@@ -111,7 +109,6 @@ class MemoryIndex(MemoryReads):
         self._free.clear()
         self._solo.clear()
         self._nslots = 0
-        self._stride = MIN_STRIDE
 
     async def stats(self) -> dict[str, int | float | str]:
         entries = sum(sum(w.entries.values()) for w in self._workers.values())
@@ -120,7 +117,7 @@ class MemoryIndex(MemoryReads):
         size = sum(sys.getsizeof(t) for t in self._tables.values())
         size += sum(sys.getsizeof(m) for w in self._workers.values() for m in w.maps.values())
         # Estimate: a key and a value int per table entry, an engine-hash int per map entry.
-        # A shared key shares one value of up to 4 x stride bits; a solo value is shared.
+        # A shared key shares one value of up to 4 bits per slot; a solo value is shared.
         size += keys * (_INT_BYTES + 8) + map_entries * _INT_BYTES
         return {
             "backend": self.kind,
@@ -145,24 +142,13 @@ class MemoryIndex(MemoryReads):
             else:
                 slot = self._nslots
                 self._nslots += 1
-                if slot >= self._stride:
-                    self._widen(2 * self._stride)
             w = self._workers[worker_id] = _Worker(state, slot, self._layout(state))
         return w
-
-    def _widen(self, stride: int) -> None:
-        """Re-encode every value with a wider field (slots outgrew it; rare: doubles)."""
-        old, mask = self._stride, (1 << self._stride) - 1
-        for t in self._tables.values():
-            for k, v in t.items():
-                t[k] = sum(((v >> (i * old)) & mask) << (i * stride) for i in range(4))
-        self._stride = stride
-        self._solo.clear()
 
     def _solo_value(self, slot: int, field: int) -> int:
         got = self._solo.get((slot, field))
         if got is None:
-            got = self._solo[(slot, field)] = (1 << slot) | (1 << (slot + field * self._stride))
+            got = self._solo[(slot, field)] = (1 | 1 << field) << (4 * slot)
         return got
 
     def _layout(self, state: WorkerState) -> int:
@@ -207,9 +193,8 @@ class MemoryIndex(MemoryReads):
             state = w.state.copy(groups)
             w.set_state(state, self._layout(state))
         copies = w.copies
-        stride = self._stride
-        anyb = 1 << w.slot  # field 0: held on some medium
-        own = anyb | anyb << stride | anyb << 2 * stride | anyb << 3 * stride
+        anyb = 1 << (4 * w.slot)  # held on some medium
+        own = 0xF * anyb
         media = own ^ anyb
         res = ApplyResult()
         skip = False
@@ -239,7 +224,7 @@ class MemoryIndex(MemoryReads):
             if counts is None:
                 counts = w.counts[g] = [0, 0, 0]
             field = _BIT_SLOT[op.medium_bit] + 1
-            b = anyb << (field * stride)
+            b = anyb << field
             get = t.get
             new = fresh = 0
             if isinstance(op, StoreOp):
@@ -315,8 +300,7 @@ class MemoryIndex(MemoryReads):
     def _clear(self, w: _Worker) -> None:
         """Drop the worker's bits; its maps name every key it holds (whatever the block
         size a group had when the key was stored)."""
-        stride = self._stride
-        keep = ~sum(1 << (w.slot + i * stride) for i in range(4))
+        keep = ~(0xF << (4 * w.slot))
         keys = {k for emap in w.maps.values() for k in emap.values()}
         for g, held in w.entries.items():
             t = self._tables.get(g)

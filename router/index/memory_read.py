@@ -2,9 +2,9 @@
 
 Split from ``router.index.memory`` (the write side and the layout's description): the
 three read forms the scorer's paths use. ``fetch_bits`` hands out the tables themselves
-(the fast path, ``router.score.bits``); ``fetch_columns`` and ``fetch`` unpack the
-bitset fields into per-worker media bytes (numpy ``unpackbits``, in C) for the paths
-that need them: EAGLE workers, workers at another hash unit, comparisons in tests.
+(the fast path, ``router.score.bits``); ``fetch_columns`` and ``fetch`` turn each slot's
+nibble into a media byte (numpy shifts, resp. a strided slice and ``translate``) for the
+paths that need them: EAGLE workers, workers at another hash unit, comparisons in tests.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from router.index.base import (
     WorkerSnapshot,
 )
 
-# _PICK[bit][f]: bytes.translate table taking a byte to its bit ``bit`` as medium bit f.
-_PICK = [[bytes(((b >> bit) & 1) << f for b in range(256)) for f in range(3)] for bit in range(8)]
+# _NIBBLE[h]: bytes.translate table taking a byte to the media mask (1 GPU, 2 CPU,
+# 4 STORAGE) of the slot in its low (h = 0) or high (h = 1) nibble.
+_NIBBLE = [bytes((b >> (4 * h + 1)) & 7 for b in range(256)) for h in range(2)]
 
 
 class MemoryReads(IndexBackend):
@@ -34,7 +35,6 @@ class MemoryReads(IndexBackend):
     _workers: dict[str, Any]
     _tables: dict[int, dict[BlockKey, int]]
     _nslots: int
-    _stride: int
 
     def _matrix(self, g: int, keys: Sequence[BlockKey], full: bool) -> NDArray[np.uint8]:
         """(keys x slots) media bitmasks of group ``g``; a full-attention group stops at
@@ -52,28 +52,20 @@ class MemoryReads(IndexBackend):
             vals = list(map(t.get, keys, repeat(0)))
         if not vals:
             return out
-        s, n = self._stride, len(vals)
-        lo, nb = s // 8, (ns + 7) // 8  # field 1 starts at byte lo; nb bytes hold the slots
-        if max(vals) >> (2 * s) == 0:  # nothing offloaded: the GPU field is the mask
-            raw = b"".join(map(int.to_bytes, vals, repeat(s // 4), repeat("little")))
-            rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, s // 4)
-            gpu = np.unpackbits(rows[:, lo : lo + nb], axis=1, bitorder="little")
-            out[:n] = gpu[:, :ns]
-            return out
-        raw = b"".join(map(int.to_bytes, vals, repeat(s // 2), repeat("little")))
-        rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, s // 2)
-        for f in (1, 2, 3):  # GPU, CPU, STORAGE bits of the slots only
-            got = np.unpackbits(rows[:, f * lo : f * lo + nb], axis=1, bitorder="little")
-            out[:n] |= got[:, :ns] << (f - 1)
+        n, width = len(vals), (ns + 1) // 2  # two slots per byte
+        raw = b"".join(map(int.to_bytes, vals, repeat(width), repeat("little")))
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, width)
+        out[:n, 0::2] = (rows >> 1) & 7
+        out[:n, 1::2] = ((rows >> 5) & 7)[:, : ns // 2]
         return out
 
     def _slot_bytes(
         self, g: int, keys: Sequence[BlockKey], full: bool, slots: list[int]
     ) -> dict[int, bytes]:
         """Per slot, the media byte of each key (``fetch``'s snapshots): every value's
-        bytes joined once, then per slot a strided slice and a ``translate`` per field
-        -- all in C, no numpy call per worker (the per-worker path serves small fleets,
-        where a few fixed-cost calls are most of a score)."""
+        bytes joined once, then per slot one strided slice and one ``translate`` -- all
+        in C, no numpy call (the per-worker path serves small fleets, where a few
+        fixed-cost calls are most of a score)."""
         t = self._tables.get(g)
         if not t or not keys:
             return dict.fromkeys(slots, b"")
@@ -85,22 +77,9 @@ class MemoryReads(IndexBackend):
             vals = list(map(t.get, keys, repeat(0)))
         if not vals:
             return dict.fromkeys(slots, b"")
-        s, n = self._stride, len(vals)
-        gpu_only = max(vals) >> (2 * s) == 0
-        width = s // 4 if gpu_only else s // 2
+        width = (self._nslots + 1) // 2  # two slots per byte
         raw = b"".join(map(int.to_bytes, vals, repeat(width), repeat("little")))
-        out: dict[int, bytes] = {}
-        for slot in slots:
-            byte, bit = divmod(slot, 8)
-            pick = _PICK[bit]
-            gpu = raw[s // 8 + byte :: width].translate(pick[0])
-            if gpu_only:
-                out[slot] = gpu
-                continue
-            cpu = raw[s // 4 + byte :: width].translate(pick[1])
-            sto = raw[3 * s // 8 + byte :: width].translate(pick[2])
-            media = int.from_bytes(gpu, "big") | int.from_bytes(cpu, "big")
-            out[slot] = (media | int.from_bytes(sto, "big")).to_bytes(n, "big")
+        out = {slot: raw[slot // 2 :: width].translate(_NIBBLE[slot % 2]) for slot in slots}
         return out
 
     async def fetch(
@@ -183,4 +162,4 @@ class MemoryReads(IndexBackend):
             if c is None:
                 c = cohorts[w.layout] = (w.snap, [])
             c[1].append((wid, w.slot))
-        return Bits(list(cohorts.values()), unknown, self._tables, self._stride)
+        return Bits(list(cohorts.values()), unknown, self._tables, max(self._nslots, 1))

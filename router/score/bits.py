@@ -1,7 +1,7 @@
 """The hybrid hit rule for every worker at once, on presence bitsets (memory index).
 
-Why: the index keeps, per (group, block key), one int with a bit per worker slot in
-each of four fields (any medium, GPU, CPU, STORAGE; ``router.index.base.Bits``). ANDing
+Why: the index keeps, per (group, block key), one int with four bits per worker slot
+(any medium, GPU, CPU, STORAGE; ``router.index.base.Bits``). ANDing
 the request's ints along the prompt (``itertools.accumulate``, in C, stopping at the
 first block no worker holds) gives every worker's full-attention prefix at once; workers
 then fall into a few *classes* (equal prefixes), and the rest of the rule runs once per
@@ -15,8 +15,9 @@ candidate ``p`` when its window (last block) ending at ``p`` is cached, and its 
 is the largest accepted candidate ``<= cap``; the joint hit is the largest candidate
 every group accepts. Candidates are scanned downwards per class, and a window's AND is
 answered in O(1) from per-chunk prefix/suffix ANDs (chunks of the window's length).
-The GPU-only view is the same computation on field 1; when no key the request reads has
-a CPU or STORAGE bit, it equals the any-medium view and is not computed. Tier-weighted
+The GPU-only view is the same computation on the GPU bits (one above each any-medium
+bit), for the slots holding some read block offloaded only; the others' GPU view is
+their any-medium view. Tier-weighted
 scores of workers whose hit needs offloaded blocks are computed per worker
 (``Scorer._weighted`` on media bytes unpacked for those workers only). EAGLE workers,
 gapped group indices and workers at another hash unit keep the per-worker path.
@@ -159,21 +160,21 @@ def _view(
     return sweep(cap, joint_cand, step), own
 
 
-def _merge(same: Classes, keep: int, gpu: Classes, stride: int) -> Classes:
+def _merge(same: Classes, keep: int, gpu: Classes) -> Classes:
     """GPU-view classes: ``keep``'s slots as in the any-medium view, the others from
-    ``gpu`` (computed on field 1, hence shifted by ``stride``)."""
+    ``gpu`` (computed on the GPU bits, one above each slot's any-medium bit)."""
     out: Classes = {}
     for k, b in same.items():
         x = b & keep
         if x:
             out[k] = x
     for k, b in gpu.items():
-        out[k] = out.get(k, 0) | (b >> stride)
+        out[k] = out.get(k, 0) | (b >> 1)
     return out
 
 
 def _tier_counts(
-    plan: Plan, vals: dict[int, list[int]], stride: int, slots: list[int], hits: list[int]
+    plan: Plan, vals: dict[int, list[int]], nslots: int, slots: list[int], hits: list[int]
 ) -> tuple[np.ndarray, ...]:
     """Per slot, the blocks its hit needs (every group) by best tier: (GPU, CPU only,
     STORAGE only, all) -- what ``Scorer._weighted`` counts, for every offloaded slot at
@@ -200,10 +201,12 @@ def _tier_counts(
     if not parts:
         zero = np.zeros(m, dtype=np.int64)
         return zero, zero, count, count
-    raw = b"".join(map(int.to_bytes, parts, repeat(stride // 2), repeat("little")))
-    rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(parts), stride // 2)
-    shift = np.tile((idx % 8).astype(np.uint8), 2)
-    gc = (rows[:, np.concatenate([(stride + idx) // 8, (2 * stride + idx) // 8])] >> shift) & 1
+    width = (nslots + 1) // 2  # two slots per byte
+    raw = b"".join(map(int.to_bytes, parts, repeat(width), repeat("little")))
+    rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(parts), width)
+    nib = 4 * (idx % 2)
+    shift = np.concatenate([nib + 1, nib + 2]).astype(np.uint8)  # GPU, CPU bits
+    gc = (rows[:, np.tile(idx // 2, 2)] >> shift) & 1
     gc[:, m:] &= 1 - gc[:, :m]  # CPU only
     cs = np.zeros((len(parts) + 1, 2 * m), dtype=np.int32)
     np.cumsum(gc, axis=0, out=cs[1:])
@@ -224,13 +227,12 @@ def cohort_rows(
 ) -> list[WorkerRow]:
     """Rows of one cohort (workers of one group layout); ``keys[g]``: group ``g``'s
     request block keys."""
-    stride = bits.stride
+    nslots = bits.slots
     step = plan.step
     top = max_candidate(n, step)
-    by_slot = {s: wid for wid, s in members}
-    cohort = 0
-    for s in by_slot:
-        cohort |= 1 << s
+    cohort = 0  # the cohort's any-medium bits (bit 4s for slot s)
+    for _, s in members:
+        cohort |= 1 << (4 * s)
     tables = bits.tables
     vals: dict[int, list[int]] = {}
     full_pa: dict[int, list[int]] = {}
@@ -260,13 +262,13 @@ def cohort_rows(
     for v in vals.values():
         if v:
             r = reduce(or_, v)
-            off |= (r >> (2 * stride)) | (r >> (3 * stride))
+            off |= (r >> 2) | (r >> 3)  # CPU or STORAGE bits moved onto any-medium bits
     off &= cohort
     if off:
-        hit_g, own_g = _view(plan, vals, cands, joint, {}, top, off << stride)
+        hit_g, own_g = _view(plan, vals, cands, joint, {}, top, off << 1)
         keep = cohort ^ off
-        hit_g = _merge(hit, keep, hit_g, stride)
-        own_g = [_merge(a, keep, g, stride) for a, g in zip(own, own_g, strict=True)]
+        hit_g = _merge(hit, keep, hit_g)
+        own_g = [_merge(a, keep, g) for a, g in zip(own, own_g, strict=True)]
     else:
         hit_g, own_g = hit, own
     attrs = [hit, hit_g, *own, *own_g]
@@ -277,7 +279,7 @@ def cohort_rows(
         if j == len(uniq):
             uniq.append(attr)
         where.append(j)
-    per_slot = _labels(uniq, stride, [s for _, s in members])
+    per_slot = _labels(uniq, nslots, [4 * s for _, s in members])
     g_n = len(metas)
     wg = weight[GPU_BIT]
     shapes = plan.shapes
@@ -313,7 +315,7 @@ def cohort_rows(
             append(WorkerRow(wid, h, hg, score, True, list(rows)))
     if mixed:  # the same float operations as ``Scorer._weighted``, for all at once
         hits = [m[2] for m in mixed]
-        ng, nc, ns, cnt = _tier_counts(plan, vals, stride, [m[1] for m in mixed], hits)
+        ng, nc, ns, cnt = _tier_counts(plan, vals, nslots, [m[1] for m in mixed], hits)
         total = ng * wg + nc * weight[2] + ns * weight[4]
         fl = (np.asarray(hits) * total / np.maximum(cnt, 1)).tolist()
         for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
@@ -321,11 +323,12 @@ def cohort_rows(
     return out
 
 
-def _labels(attrs: list[Classes], stride: int, order: list[int]) -> list[list[int]]:
-    """Per slot (in ``order``), its value in each of ``attrs`` ({value: slots}): every
-    bitset unpacked into one (bitsets x slots) 0/1 matrix in C; within an attribute
-    exactly one bitset holds a slot, so its row is an ``argmax``."""
-    width = stride // 8
+def _labels(attrs: list[Classes], nslots: int, order: list[int]) -> list[list[int]]:
+    """Per slot (``order``: their any-medium bit positions), its value in each of
+    ``attrs`` ({value: slots}): every bitset unpacked into one (bitsets x bits) 0/1
+    matrix in C; within an attribute exactly one bitset holds a slot, so its row is an
+    ``argmax``."""
+    width = (nslots + 1) // 2
     bitsets = [b for a in attrs for b in a.values()]
     raw = b"".join(map(int.to_bytes, bitsets, repeat(width), repeat("little")))
     bits = np.unpackbits(
