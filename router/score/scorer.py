@@ -53,10 +53,10 @@ __all__ = ["GroupRow", "ScoreResult", "Scorer", "WorkerRow", "to_response"]
 # outweighs the per-worker Python it saves; measured in benchmarks/router_core.py).
 COLUMNS_MIN_WORKERS = 32
 # From this many workers the bitset path (``router.score.bits``) is used. Measured in
-# benchmarks/router_core.py (3 runs, queries alternating): at 256 workers it is 1.6x
-# faster than the columns path when every worker holds the prompt and on a par on the
-# "typical" fleet; at 64 workers 8 % faster, resp. 13-18 % slower (the per-pattern work
-# on offloaded workers outweighs the AND's savings there).
+# benchmarks/router_core.py (runs in docs/benchmarks.md): at 256 workers it costs
+# 0.6-0.7x the columns path when every worker holds the prompt and 1.15-1.18x on the
+# "typical" fleet (offloaded workers need per-worker counts); at 64 workers about the
+# same all-hit and slower typical.
 BITS_MIN_WORKERS = 128
 
 
