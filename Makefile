@@ -163,3 +163,20 @@ bench-routing-live: install
 	  --json benchmarks/results/routing_live_roomy.json
 
 .PHONY: bench-routing-live
+
+# kvroute's index side by side with Dynamo's Rust indexer (issue 13; not part of
+# `make test`): ai-dynamo-runtime in its own venv, kvroute installed there without the
+# engine extra. BENCH_ARGS=--quick for a run under 2 minutes. See docs/benchmarks.md.
+DYNAMO_VENV ?= .venv-dynamo
+DYNAMO_SPEC ?= ai-dynamo-runtime==1.6.1
+
+$(DYNAMO_VENV)/.installed: pyproject.toml constraints.txt
+	[ -x $(DYNAMO_VENV)/bin/python ] || $(PYTHON) -m venv $(DYNAMO_VENV)
+	$(DYNAMO_VENV)/bin/python -m pip install -q '$(DYNAMO_SPEC)'
+	$(DYNAMO_VENV)/bin/python -m pip install -q -c constraints.txt -e .
+	touch $@
+
+bench-dynamo: $(DYNAMO_VENV)/.installed
+	$(DYNAMO_VENV)/bin/python benchmarks/dynamo_side_by_side.py $(BENCH_ARGS)
+
+.PHONY: bench-dynamo

@@ -14,11 +14,13 @@
 * bytes per (worker, group, block) entry: memory with tracemalloc (what the index keeps,
   the engine hashes included), redis from ``INFO memory`` before/after.
 
-Memory scores run two scorers on the same index, queries alternating: the all-workers
-path (``Scorer``, ``router.score.vec``) and the per-worker path (``Scorer(columns=
-False)``, what every score used before issue 13); both must answer alike, and the ratio
-of their CPU p50s is printed. Targets (issue 13): score <= 0.3 ms p50 / 0.6 ms p99 at 64
-workers, <= 1 ms p99 at 256; >= 1.5M block events/s memory ingest, >= 300k/s redis.
+Memory scores run three scorers on the same index, queries alternating, each path forced
+whatever the worker count: bitsets (``router.score.bits``), numpy columns
+(``router.score.vec``) and per worker (``Scorer(columns=False)``, what every score used
+before issue 13); all must answer alike, and the ratio of the per-worker
+path's CPU p50 to the bitset path's is printed. Targets (issue 13): score <= 0.3 ms
+p50 / 0.6 ms p99 at 64 workers, <= 1 ms p99 at 256; >= 1.5M block events/s memory
+ingest, >= 300k/s redis.
 Run: ``python benchmarks/router_core.py [--json] [--quick] [--workers 16,64,256]``.
 """
 
@@ -198,8 +200,9 @@ async def bench_score(
     """Score latency; ``peer``: also the per-worker path (``Scorer(columns=False)``) on
     the same index, queries alternating between the two (ratios from one run)."""
     prompts = await populate(index, n_workers, scenario)
-    scorers = {"score": Scorer(index)}
+    scorers = {"score": Scorer(index, bits_min_workers=0)}
     if peer:
+        scorers["columns"] = Scorer(index, bits=False, columns_min_workers=0)
         scorers["per_worker"] = Scorer(index, columns=False)
     workers = [f"w{w}" for w in range(n_workers)]
     rng = random.Random(3)
@@ -237,6 +240,8 @@ async def bench_score(
         "mean_workers_hit": round(hits / queries, 1),
     }
     if peer:
+        out["columns_cpu_p50_ms"] = pct(cpu["columns"], 0.5)
+        out["columns_cpu_p99_ms"] = pct(cpu["columns"], 0.99)
         out["per_worker_cpu_p50_ms"] = pct(cpu["per_worker"], 0.5)
         out["per_worker_cpu_p99_ms"] = pct(cpu["per_worker"], 0.99)
         out["speedup_p50"] = round(out["per_worker_cpu_p50_ms"] / out["cpu_p50_ms"], 2)
@@ -351,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             f"(cpu p50 {r['cpu_p50_ms']:.3f} p99 {r['cpu_p99_ms']:.3f})  "
             f"workers hit: {r['mean_workers_hit']}"
             + (
+                f"  columns path cpu p50 {r['columns_cpu_p50_ms']:.3f} "
+                f"p99 {r['columns_cpu_p99_ms']:.3f}"
                 f"  per-worker path cpu p50 {r['per_worker_cpu_p50_ms']:.3f} "
                 f"p99 {r['per_worker_cpu_p99_ms']:.3f} ({r['speedup_p50']}x)"
                 if "speedup_p50" in r

@@ -214,6 +214,26 @@ class Columns:
     width: int = 0  # slots: the matrices' second dimension
 
 
+@dataclass
+class Bits:
+    """Every worker's membership as presence bitsets (``fetch_bits``; memory index).
+
+    ``tables[g]`` maps a block key to an int with four bits per slot ``s``: bit ``4s``
+    set when slot ``s`` holds the key on some medium, ``4s+1``..``4s+3`` on GPU, CPU,
+    STORAGE. A read-only view of the index's own tables: the scorer looks keys up
+    itself, so it can stop at the first key no requested worker holds. ``cohorts``
+    groups the known workers by identical metadata as (snapshot, [(id, slot)]);
+    ``slots`` bounds the slot numbers. Why: an AND of one int per request block
+    answers for every worker at once, so a score costs what the prompt's blocks cost,
+    not workers x blocks (router.score.bits).
+    """
+
+    cohorts: list[tuple[WorkerSnapshot, list[tuple[str, int]]]]
+    unknown: list[str]
+    tables: dict[int, dict[BlockKey, int]]
+    slots: int
+
+
 class IndexBackend(ABC):
     """Storage behind the router: entries, the engine-hash map and per-worker metadata.
 
@@ -326,4 +346,9 @@ class IndexBackend(ABC):
     ) -> Columns | None:
         """``fetch`` as matrices, when the backend holds them that way (None: use
         ``fetch``)."""
+        return None
+
+    async def fetch_bits(self, worker_ids: Sequence[str]) -> Bits | None:
+        """The workers' cohorts and the presence bitset tables, when the backend keeps
+        them (None: use ``fetch_columns`` / ``fetch``)."""
         return None

@@ -1,11 +1,15 @@
-"""The in-process index (default): one shared table per group index, a byte per worker.
+"""The in-process index (default): one shared table per group index, a nibble per slot.
 
-Layout, and why. ``tables[g]`` maps a block key to an int whose byte ``s`` is the media
-bitmask of the worker in slot ``s``. A score then costs one dict lookup per request block
-and group -- not one per block *per worker* (measured: with 64 workers the per-worker
-layout spent ~8 ms of an 8k-token score in cache-missing lookups) -- and turning the
-looked-up ints into per-worker byte strings is ``int.to_bytes`` + ``zip``, all in C.
-Workers sharing a prefix share its entries, which is also what keeps memory down.
+Layout, and why. ``tables[g]`` maps a block key to an int holding four bits per worker
+slot ``s``: bit ``4s`` is set when that worker holds the key on some medium, bits
+``4s+1``, ``4s+2``, ``4s+3`` when it holds it on GPU, CPU, STORAGE. So a score costs one
+dict lookup per request block and group and one AND per block for every worker at once
+(``router.score.bits``: the any-medium bits AND like a bitset of slots) -- not one
+lookup per block *per worker* (measured: with 64 workers the per-worker layout spent
+~8 ms of an 8k-token score in cache-missing lookups) -- and a worker's media bytes are
+one strided slice of the values' bytes and a ``translate`` (a slot's four bits share a
+byte). A key held by one worker alone stores one shared int per (slot, medium), so its
+value costs nothing; workers sharing a prefix share its entries.
 
 Per worker: ``maps[block_size]`` maps engine hash -> block key, shared by the groups of
 one block size (they carry the same hashes). It doubles as the reverse structure: every
@@ -16,10 +20,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from itertools import repeat, takewhile
-
-import numpy as np
-from numpy.typing import NDArray
 
 from router.index.base import (
     BIT_MEDIA,
@@ -27,16 +27,15 @@ from router.index.base import (
     ApplyResult,
     BlockKey,
     ClearOp,
-    Columns,
     EngineHash,
     GroupMeta,
-    IndexBackend,
     Op,
     SeqOp,
     StoreOp,
     WorkerSnapshot,
     WorkerState,
 )
+from router.index.memory_read import MemoryReads
 
 _BIT_SLOT = {1: 0, 2: 1, 4: 2}
 # Mappings of removed blocks kept per (worker, block size), in two generations of at most
@@ -85,7 +84,7 @@ class _Worker:
         self.snap = WorkerSnapshot(dict(state.groups), {}, state.hash_unit, state.settings)
 
 
-class MemoryIndex(IndexBackend):
+class MemoryIndex(MemoryReads):
     """Dict-based backend; every coroutine completes without awaiting anything."""
 
     kind = "memory"
@@ -97,6 +96,9 @@ class MemoryIndex(IndexBackend):
         self._free: list[int] = []
         self._registrations: dict[str, bytes] = {}  # lives as long as this process
         self._nslots = 0
+        # (slot, medium field) -> the value of a key held by that slot alone, on that
+        # medium: one shared int object instead of one per key.
+        self._solo: dict[tuple[int, int], int] = {}
         self._layouts: dict[tuple[object, ...], int] = {}
 
     async def ping(self) -> bool:
@@ -105,6 +107,9 @@ class MemoryIndex(IndexBackend):
     async def close(self) -> None:
         self._workers.clear()
         self._tables.clear()
+        self._free.clear()
+        self._solo.clear()
+        self._nslots = 0
 
     async def stats(self) -> dict[str, int | float | str]:
         entries = sum(sum(w.entries.values()) for w in self._workers.values())
@@ -113,9 +118,8 @@ class MemoryIndex(IndexBackend):
         size = sum(sys.getsizeof(t) for t in self._tables.values())
         size += sum(sys.getsizeof(m) for w in self._workers.values() for m in w.maps.values())
         # Estimate: a key and a value int per table entry, an engine-hash int per map entry.
-        size += (
-            keys * (_INT_BYTES + _INT_BYTES + max(0, self._nslots - 8)) + map_entries * _INT_BYTES
-        )
+        # A shared key shares one value of up to 4 bits per slot; a solo value is shared.
+        size += keys * (_INT_BYTES + 8) + map_entries * _INT_BYTES
         return {
             "backend": self.kind,
             "workers": len(self._workers),
@@ -141,6 +145,12 @@ class MemoryIndex(IndexBackend):
                 self._nslots += 1
             w = self._workers[worker_id] = _Worker(state, slot, self._layout(state))
         return w
+
+    def _solo_value(self, slot: int, field: int) -> int:
+        got = self._solo.get((slot, field))
+        if got is None:
+            got = self._solo[(slot, field)] = (1 | 1 << field) << (4 * slot)
+        return got
 
     def _layout(self, state: WorkerState) -> int:
         """A small int per distinct (groups, hash unit, settings): what scoring reads."""
@@ -184,8 +194,9 @@ class MemoryIndex(IndexBackend):
             state = w.state.copy(groups)
             w.set_state(state, self._layout(state))
         copies = w.copies
-        shift = 8 * w.slot
-        own = 0xFF << shift
+        anyb = 1 << (4 * w.slot)  # held on some medium
+        own = 0xF * anyb
+        media = own ^ anyb
         res = ApplyResult()
         skip = False
         for op in ops:
@@ -213,19 +224,21 @@ class MemoryIndex(IndexBackend):
             counts = w.counts.get(g)
             if counts is None:
                 counts = w.counts[g] = [0, 0, 0]
-            b = op.medium_bit << shift
+            field = _BIT_SLOT[op.medium_bit] + 1
+            b = anyb << field
             get = t.get
             new = fresh = 0
             if isinstance(op, StoreOp):
                 setdefault = emap.setdefault
                 bit = op.medium_bit
+                solo = self._solo_value(w.slot, field)
                 for h, k in zip(op.hashes, op.keys, strict=True):
                     k = setdefault(h, k)
                     v = get(k, 0)
                     if not v & b:
                         if not v & own:
                             fresh += 1
-                        t[k] = v | b
+                        t[k] = v | b | anyb if v else solo
                         new += 1
                     else:  # another physical copy of a block already held
                         c = (g, bit, k)
@@ -259,6 +272,8 @@ class MemoryIndex(IndexBackend):
                         dropped += 1
                         continue
                 v ^= b
+                if not v & media:
+                    v ^= anyb  # no medium left: not held at all
                 if v:
                     t[k] = v
                 else:
@@ -286,7 +301,7 @@ class MemoryIndex(IndexBackend):
     def _clear(self, w: _Worker) -> None:
         """Drop the worker's bits; its maps name every key it holds (whatever the block
         size a group had when the key was stored)."""
-        keep = ~(0xFF << (8 * w.slot))
+        keep = ~(0xF << (4 * w.slot))
         keys = {k for emap in w.maps.values() for k in emap.values()}
         for g, held in w.entries.items():
             t = self._tables.get(g)
@@ -352,104 +367,3 @@ class MemoryIndex(IndexBackend):
             g: {medium: c[_BIT_SLOT[bit]] for bit, medium in BIT_MEDIA if c[_BIT_SLOT[bit]]}
             for g, c in sorted(w.counts.items())
         }
-
-    def _rows(self, g: int, keys: Sequence[BlockKey], full: bool) -> bytes:
-        """Mask bytes of every slot for each key, key after key (``nslots`` bytes per key);
-        a full-attention group stops at the first key no worker holds. Slot ``s``'s own
-        bytes are then ``rows[s::nslots]`` -- a strided slice, in C."""
-        t = self._tables.get(g)
-        if not t or not keys:
-            return b""
-        vals = takewhile(bool, map(t.get, keys)) if full else map(t.get, keys, repeat(0))
-        return b"".join(map(int.to_bytes, vals, repeat(self._nslots), repeat("little")))
-
-    async def fetch(
-        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
-    ) -> dict[str, WorkerSnapshot | None]:
-        out: dict[str, WorkerSnapshot | None] = {}
-        found = []
-        for wid in worker_ids:
-            w = self._workers.get(wid)
-            out[wid] = (
-                None
-                if w is None
-                else WorkerSnapshot(dict(w.state.groups), {}, w.state.hash_unit, w.state.settings)
-            )
-            if w is not None:
-                found.append((wid, w))
-        bound: dict[str, int] = {}  # tokens: each worker's shortest full-attention prefix
-        for full in (True, False):
-            todo: dict[tuple[int, int], list[tuple[str, _Worker]]] = {}
-            for wid, w in found:
-                for g, bs, is_full in w.plan:
-                    if is_full == full and bs in keys_by_size:
-                        todo.setdefault((g, bs), []).append((wid, w))
-            for (g, bs), members in todo.items():
-                keys = keys_by_size[bs]
-                if not full:
-                    reach = max(bound.get(wid, len(keys) * bs) for wid, _ in members)
-                    keys = keys[: reach // bs]
-                rows = self._rows(g, keys, full)
-                stride = self._nslots
-                for wid, w in members:
-                    col = rows[w.slot :: stride]
-                    if full:
-                        z = col.find(0)
-                        got = col if z < 0 else col[:z]
-                        reach = len(got) * bs
-                        bound[wid] = min(bound.get(wid, reach), reach)
-                    else:
-                        got = col[: bound.get(wid, len(col) * bs) // bs].rstrip(b"\0")
-                    snap = out[wid]
-                    assert snap is not None
-                    snap.masks[g] = got
-        return out
-
-    def _matrix(self, g: int, keys: Sequence[BlockKey], full: bool) -> NDArray[np.uint8]:
-        """``_rows`` as a (keys x slots) array, zero-padded after a full-attention stop."""
-        ns = max(self._nslots, 1)
-        out = np.zeros((len(keys), ns), dtype=np.uint8)
-        t = self._tables.get(g)
-        if not t or not keys:
-            return out
-        if full:  # stop at the first key no worker holds (a C-level search, no takewhile)
-            vals = list(map(t.get, keys))
-            if None in vals:
-                del vals[vals.index(None) :]
-        else:
-            vals = list(map(t.get, keys, repeat(0)))
-        if not vals:
-            return out
-        if ns <= 8:  # every row fits one uint64: no per-key bytes object
-            words = np.array(vals, dtype="<u8").view(np.uint8).reshape(len(vals), 8)
-            out[: len(vals)] = words[:, :ns]
-            return out
-        raw = b"".join(map(int.to_bytes, vals, repeat(ns), repeat("little")))
-        out[: len(vals)] = np.frombuffer(raw, dtype=np.uint8).reshape(-1, ns)
-        return out
-
-    async def fetch_columns(
-        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
-    ) -> Columns:
-        cohorts: dict[int, tuple[WorkerSnapshot, list[str]]] = {}
-        unknown: list[str] = []
-        slots: dict[str, int] = {}
-        full_only: dict[tuple[int, int], bool] = {}
-        workers = self._workers
-        for wid in worker_ids:
-            w = workers.get(wid)
-            if w is None:
-                unknown.append(wid)
-                continue
-            slots[wid] = w.slot
-            c = cohorts.get(w.layout)
-            if c is None:
-                c = cohorts[w.layout] = (w.snap, [])
-                for g, bs, is_full in w.plan:
-                    if bs in keys_by_size:
-                        full_only[(g, bs)] = full_only.get((g, bs), True) and is_full
-            c[1].append(wid)
-        mats = {
-            (g, bs): self._matrix(g, keys_by_size[bs], full) for (g, bs), full in full_only.items()
-        }
-        return Columns(list(cohorts.values()), unknown, slots, mats, max(self._nslots, 1))

@@ -8,10 +8,10 @@ carries its hash tag ``{w:<id>}``, so ingest (``APPLY``) never crosses slots, an
 score script reads the workers of one node with ``allow-cross-slot-keys`` (Redis >= 7).
 Balance: one slot per worker, so workers spread over the nodes like their ids' CRC16
 (a worker's entries all live on one node).
-Key layout: ``router.index.redis_lua``. Engine hash -> key lookups needed *before* a batch
-(parents of stores from earlier batches) go through a bounded local cache of mappings
-this process wrote or read (a removal evicts its hashes, since the server may drop their
-map entries; the cache then answers exactly like the map) and one ``HMGET`` for misses.
+Key layout: ``router.index.redis_lua``; encodings: ``router.index.redis_codec``. Engine
+hash -> key lookups needed *before* a batch go through a bounded local cache, valid
+across replicas by a per-worker epoch (``router.index.redis_cache``), and one ``HMGET``
+for misses.
 
 Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 """
@@ -19,12 +19,9 @@ Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 from __future__ import annotations
 
 import asyncio
-import sys
-from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
@@ -39,94 +36,38 @@ from router.index.base import (
     GPU_BIT,
     ApplyResult,
     BlockKey,
-    ClearOp,
     EngineHash,
-    EngineSettings,
     GroupMeta,
     IndexBackend,
     IndexUnavailable,
     Op,
-    SeqOp,
-    StoreOp,
     WorkerSnapshot,
     WorkerState,
 )
 from router.index.memory import GHOST_ENTRIES
+from router.index.redis_cache import MappingCache
+from router.index.redis_codec import (
+    NAMESPACE,
+    State,
+    apply_args,
+    encode_hash,
+    encode_hashes,
+    key_blob,
+    new_epoch,
+    plan_of,
+    state_dec,
+    state_enc,
+    worker_prefix,
+)
 
-NAMESPACE = "kvroute:"
+__all__ = ["RedisIndex", "encode_hash", "encode_hashes", "key_blob", "worker_prefix"]
+
 WORKERS_KEY = NAMESPACE + "workers"
 # Workers registered over REST (JSON specs): replicas and restarted routers share them.
 REGISTRATIONS_KEY = NAMESPACE + "registrations"
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
-_OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack limit
-
-
-class _State(msgspec.Struct, array_like=True):
-    hash_mode: str
-    groups: dict[int, GroupMeta]
-    hash_unit: int | None = None
-    settings: EngineSettings = EngineSettings()
-
-    def worker_state(self) -> WorkerState:
-        return WorkerState(dict(self.groups), self.hash_mode, self.hash_unit, self.settings)
-
-
-_state_enc = msgspec.msgpack.Encoder()
-_state_dec = msgspec.msgpack.Decoder(_State)
-
-
-def worker_prefix(worker_id: str) -> str:
-    """``kvroute:{w:<id>}:`` -- the hash tag puts all of a worker's keys in one slot."""
-    return f"{NAMESPACE}{{w:{worker_id}}}:"
-
-
-def encode_hash(h: EngineHash) -> bytes:
-    """An engine hash as a Redis field: ints and digests never collide."""
-    if isinstance(h, bytes):
-        return b"b" + h
-    if 0 <= h < 1 << 64:
-        return b"i" + h.to_bytes(8, "big")
-    return b"I" + str(h).encode()
-
-
-def encode_hashes(hashes: Sequence[EngineHash]) -> tuple[int, bytes | list[bytes]]:
-    """``encode_hash`` of each hash as (width, one blob) when all share a width, else
-    (0, the fields). The common case -- 64-bit unsigned ints -- runs in C: one array
-    conversion and nine strided copies instead of a Python call per hash."""
-    try:
-        words = array("Q", hashes)
-    except (OverflowError, TypeError):
-        fields = [encode_hash(h) for h in hashes]
-        width = len(fields[0])
-        if all(len(f) == width for f in fields):
-            return width, b"".join(fields)
-        return 0, fields
-    n = len(words)
-    out = bytearray(9 * n)
-    out[0::9] = b"i" * n
-    raw = _be_bytes(words)
-    for b in range(8):
-        out[1 + b :: 9] = raw[b::8]
-    return 9, bytes(out)
-
-
-def _be_bytes(words: array[int]) -> bytes:
-    """Unsigned 64-bit words as consecutive 8-byte big-endian strings."""
-    if sys.byteorder == "little":
-        words.byteswap()
-    return words.tobytes()
-
-
-def key_blob(keys: Sequence[BlockKey]) -> bytes:
-    """Block keys as consecutive 8-byte big-endian strings (what the scripts read)."""
-    return _be_bytes(array("Q", keys))
-
-
-def _plan(groups: dict[int, GroupMeta]) -> str:
-    order = sorted(groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
-    return ";".join(f"{g},{m.block_size},{int(m.rule == 'full')}" for g, m in order)
 
 
 class RedisIndex(IndexBackend):
@@ -159,9 +100,7 @@ class RedisIndex(IndexBackend):
         else:
             self._r = aioredis.Redis.from_url(url, **opts)
         self._sha: dict[str, str] = {}
-        self._cache: dict[tuple[str, int], dict[EngineHash, BlockKey]] = {}
-        self._cached = 0
-        self._cache_limit = cache_entries
+        self._mappings = MappingCache(cache_entries)
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -185,27 +124,6 @@ class RedisIndex(IndexBackend):
                 return await self._r.evalsha(sha, len(keys), *keys, *args)
 
         return await self._call(run)
-
-    def _remember(self, worker_id: str, bs: int, pairs: dict[EngineHash, BlockKey]) -> None:
-        if self._cached + len(pairs) > self._cache_limit:
-            self._cache.clear()  # bounded: drop everything, misses go back to Redis
-            self._cached = 0
-        cache = self._cache.setdefault((worker_id, bs), {})
-        before = len(cache)
-        cache.update(pairs)
-        self._cached += len(cache) - before
-
-    def _unremember(self, worker_id: str, bs: int, hashes: Sequence[EngineHash]) -> None:
-        cache = self._cache.get((worker_id, bs))
-        if cache:
-            before = len(cache)
-            for h in hashes:
-                cache.pop(h, None)
-            self._cached -= before - len(cache)
-
-    def _forget(self, worker_id: str) -> None:
-        for key in [k for k in self._cache if k[0] == worker_id]:
-            self._cached -= len(self._cache.pop(key))
 
     # -- IndexBackend -------------------------------------------------------------------
 
@@ -254,11 +172,11 @@ class RedisIndex(IndexBackend):
         raw = await self._call(lambda: self._r.hget(worker_prefix(worker_id) + "meta", "state"))
         if raw is None:
             return None
-        return _state_dec.decode(raw).worker_state()
+        return state_dec.decode(raw).worker_state()
 
     async def save_worker(self, worker_id: str, state: WorkerState) -> None:
-        blob = _state_enc.encode(
-            _State(state.hash_mode, state.groups, state.hash_unit, state.settings)
+        blob = state_enc.encode(
+            State(state.hash_mode, state.groups, state.hash_unit, state.settings)
         )
         meta = worker_prefix(worker_id) + "meta"
 
@@ -266,7 +184,8 @@ class RedisIndex(IndexBackend):
             # On a cluster the two keys live in different slots: no MULTI across them
             # (the worker set is only read to list workers).
             pipe = self._r.pipeline(transaction=not self.cluster)
-            pipe.hset(meta, mapping={"state": blob, "plan": _plan(state.groups)})
+            pipe.hset(meta, mapping={"state": blob, "plan": plan_of(state.groups)})
+            pipe.hsetnx(meta, "epoch", new_epoch())  # a new worker (or one re-created)
             pipe.sadd(WORKERS_KEY, worker_id)
             await pipe.execute()
 
@@ -289,28 +208,34 @@ class RedisIndex(IndexBackend):
             fields_ = [encode_hash(h) for h in hashes]
             got = await self._call(lambda: self._r.hmget(name, fields_))
             return [int.from_bytes(v, "big") if v else None for v in got]
-        cache = self._cache.get((worker_id, block_size), {})
+        cache = self._mappings.get(worker_id, block_size)
         out = [cache.get(h) for h in hashes]
         misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
-        if not misses:
-            return out
         prefix = worker_prefix(worker_id)
         fields = [encode_hash(h) for h in misses]
 
         async def run() -> list[Any]:
             pipe = self._r.pipeline(transaction=False)
-            for table in ("e", "t", "u"):  # the map, then newer and older ghosts
-                pipe.hmget(f"{prefix}{table}:{block_size}", fields)
+            pipe.hget(prefix + "meta", "epoch")  # are the cached mappings still valid?
+            if fields:
+                for table in ("e", "t", "u"):  # the map, then newer and older ghosts
+                    pipe.hmget(f"{prefix}{table}:{block_size}", fields)
             return await pipe.execute()
 
-        live, newer, older = await self._call(run)
+        got = await self._call(run)
+        if not self._mappings.check_epoch(worker_id, got[0]) and len(misses) < len(hashes):
+            # Another replica cleared or re-created the worker: the hits were stale.
+            return await self.resolve(worker_id, block_size, hashes)
+        if not misses:
+            return out
+        live, newer, older = got[1:]
         found = {
             h: int.from_bytes(a or b or c, "big")
             for h, a, b, c in zip(misses, live, newer, older, strict=True)
             if a or b or c
         }
         if found:
-            self._remember(worker_id, block_size, found)
+            self._mappings.remember(worker_id, block_size, found)
         return [k if k is not None else found.get(h) for h, k in zip(hashes, out, strict=True)]
 
     async def apply(
@@ -325,7 +250,7 @@ class RedisIndex(IndexBackend):
         # must not leave mappings Redis does not hold); dropping entries is always safe.
         learned: list[tuple[str, int, dict[EngineHash, BlockKey]]] = []
         calls = [
-            (worker_prefix(w), self._apply_args(w, groups, ops, learned))
+            (worker_prefix(w), apply_args(w, self._ghost_cap, groups, ops, learned, self._mappings))
             for w, groups, ops in items
         ]
         sha = await self._call(lambda: self._script_sha("APPLY"))
@@ -342,53 +267,19 @@ class RedisIndex(IndexBackend):
         except NoScriptError:  # Redis restarted or SCRIPT FLUSH: nothing ran, send again
             await self._call(lambda: self._script_sha("APPLY", reload=True))
             replies = await self._call(run)
+        for (worker_id, _, _), got in zip(items, replies, strict=True):
+            self._mappings.check_epoch(worker_id, got[5] if len(got) > 5 else None)
         for worker_id, bs, pairs in learned:
-            self._remember(worker_id, bs, pairs)
-        return [ApplyResult(*(int(x) for x in got)) for got in replies]
-
-    def _apply_args(
-        self,
-        worker_id: str,
-        groups: dict[int, GroupMeta],
-        ops: Sequence[Op],
-        learned: list[tuple[str, int, dict[EngineHash, BlockKey]]],
-    ) -> list[Any]:
-        prefix = worker_prefix(worker_id)
-        args: list[Any] = [prefix, self._ghost_cap]
-        for op in ops:
-            if isinstance(op, SeqOp):
-                args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
-                continue
-            if isinstance(op, ClearOp):
-                args.append(b"3")
-                self._forget(worker_id)
-                continue
-            bs = groups[op.group].block_size
-            sibs = [g for g, m in groups.items() if g != op.group and m.block_size == bs]
-            store = isinstance(op, StoreOp)
-            if isinstance(op, StoreOp):
-                learned.append((worker_id, bs, dict(zip(op.hashes, op.keys, strict=True))))
-            else:  # the server may drop these map entries: ask it again when needed
-                self._unremember(worker_id, bs, op.hashes)
-            tail = " ".join(map(str, (op.group, bs, op.medium_bit)))
-            sib_tail = " ".join(map(str, (len(sibs), *sibs)))
-            for lo in range(0, len(op.hashes), _OP_CHUNK):  # Lua's unpack() has a limit
-                chunk = op.hashes[lo : lo + _OP_CHUNK]
-                width, hashes = encode_hashes(chunk)
-                head = f"{1 if store else 2} {tail} {len(chunk)} {width} {sib_tail}"
-                args.append(head.encode())
-                if isinstance(hashes, bytes):
-                    args.append(hashes)
-                else:
-                    args += hashes
-                if isinstance(op, StoreOp):
-                    args.append(key_blob(op.keys[lo : lo + _OP_CHUNK]))
-        return args
+            self._mappings.remember(worker_id, bs, pairs)
+        return [ApplyResult(*(int(x) for x in got[:5])) for got in replies]
 
     async def clear_worker(self, worker_id: str) -> None:
-        self._forget(worker_id)
+        self._mappings.forget(worker_id)
         prefix = worker_prefix(worker_id)
-        await self._eval("APPLY", [prefix + "keys"], [prefix, self._ghost_cap, b"3"])
+        got = await self._eval(
+            "APPLY", [prefix + "keys"], [prefix, self._ghost_cap, f"3 {new_epoch()}".encode()]
+        )
+        self._mappings.check_epoch(worker_id, got[5])
         await self._call(lambda: self._r.unlink(prefix + "s"))
 
     async def save_registration(self, worker_id: str, spec: bytes) -> None:
@@ -501,7 +392,7 @@ class RedisIndex(IndexBackend):
                 if reply is None:
                     out[w] = None
                     continue
-                st = _state_dec.decode(reply[0])
+                st = state_dec.decode(reply[0])
                 masks = {int(reply[i]): bytes(reply[i + 1]) for i in range(1, len(reply), 2)}
                 out[w] = WorkerSnapshot(dict(st.groups), masks, st.hash_unit, st.settings)
         return {w: out[w] for w in ids}

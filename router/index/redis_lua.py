@@ -5,7 +5,8 @@ Every key a script touches belongs to one worker and carries its hash tag
 their key names from the worker prefix (same slot, same node).
 
 Layout of one worker ``P = kvroute:{w:<id>}:``:
-``P..'meta'`` hash {state: msgpack metadata, plan: "g,bs,full;..."} ·
+``P..'meta'`` hash {state: msgpack metadata, plan: "g,bs,full;...", epoch: a random
+token set when the worker is created and at every clear} ·
 ``P..'g:'..g`` hash key(8 bytes) -> media mask · ``P..'n:'..g`` hash bit -> block count ·
 ``P..'c:'..g`` hash key..bit -> copies beyond the first (vLLM keeps duplicates) ·
 ``P..'e:'..bs`` hash engine hash -> key · ``P..'s'`` hash rank -> "seq:fingerprint" of the
@@ -21,14 +22,16 @@ from __future__ import annotations
 # each op starting with one header argument of space-separated decimals:
 #   "1 group bs bit n hw nsib sib..." (store), then hashes, then keys
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
-#   "3" (clear)
+#   "3 epoch" (clear; the worker's cache epoch becomes ``epoch``, see RedisIndex.resolve)
 #   "4 rank seq fingerprint" (a batch boundary: skip to the next one if seq is not new)
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
 # arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
 # HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
 # One header instead of a field per argument: the client encodes each argument in
 # Python, and ~9 per op was a measurable share of the router's ingest CPU.
-# Returns {stored, stored_repeat, removed, removed_missing, skipped_batches}.
+# Returns {stored, stored_repeat, removed, removed_missing, skipped_batches, epoch}:
+# ``epoch`` is the worker's ``P..'meta'`` field after the call (replicas drop cached
+# mappings of a worker whose epoch another replica changed).
 APPLY = r"""
 local P = ARGV[1]
 local CAP = tonumber(ARGV[2])
@@ -69,6 +72,7 @@ while i <= nargs do
     local names = redis.call('SMEMBERS', REV)
     for _, name in ipairs(names) do redis.call('UNLINK', name) end
     redis.call('DEL', REV)
+    if hdr[2] then redis.call('HSET', P .. 'meta', 'epoch', hdr[2]) end
   else
     local g, bs, b = hdr[2], hdr[3], tonumber(hdr[4])
     local n, hw, nsib = tonumber(hdr[5]), tonumber(hdr[6]), tonumber(hdr[7])
@@ -238,7 +242,7 @@ while i <= nargs do
     end
   end
 end
-return {stored, repeat_, removed, missing, skipped}
+return {stored, repeat_, removed, missing, skipped, redis.call('HGET', P .. 'meta', 'epoch')}
 """
 
 # One call for many workers (one round trip per score on one node; one per node on a

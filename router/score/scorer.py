@@ -26,13 +26,13 @@ from operator import attrgetter
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from router.index.base import (
     CPU_BIT,
     DEFAULT_TIER_WEIGHTS,
     GPU_BIT,
     STORAGE_BIT,
+    Bits,
     BlockKey,
     Columns,
     GroupMeta,
@@ -41,40 +41,23 @@ from router.index.base import (
 )
 from router.ingest.block_keys import request_keys
 from router.ingest.placement import block_keys_at
+from router.score.bits import cohort_rows
+from router.score.rows import GroupRow, ScoreResult, WorkerRow
 from router.score.rule import Plan, tier, truncate
-from router.score.vec import FEW, tier_counts, tier_hits
+from router.score.vec import columns_rows
 from schemas.rest import ScoreResponse
+
+__all__ = ["GroupRow", "ScoreResult", "Scorer", "WorkerRow", "to_response"]
 
 # Below this many workers the per-worker path is as fast (numpy's fixed cost per call
 # outweighs the per-worker Python it saves; measured in benchmarks/router_core.py).
 COLUMNS_MIN_WORKERS = 32
-
-
-# The result as msgspec Structs: the same fields, order and defaults as ``schemas.rest``'s
-# ``GroupScore`` / ``WorkerScore`` / ``ScoreResponse``, so ``msgspec.json.encode`` of a
-# result is the JSON of the validated pydantic model (tested) at a fraction of the cost --
-# /v1/score answers with it; ``Scorer.score`` still returns the pydantic model.
-class GroupRow(msgspec.Struct):
-    group_idx: int
-    kind: str | None = None
-    block_size: int | None = None
-    learned: bool = True
-    hit_tokens: int = 0
-    hit_tokens_gpu: int = 0
-
-
-class WorkerRow(msgspec.Struct):
-    worker_id: str
-    hit_tokens: int
-    hit_tokens_gpu: int
-    score: float
-    learned: bool = True
-    groups: list[GroupRow] = msgspec.field(default_factory=list)
-
-
-class ScoreResult(msgspec.Struct):
-    request_tokens: int
-    workers: list[WorkerRow]
+# From this many workers the bitset path (``router.score.bits``) is used. Measured in
+# benchmarks/router_core.py (runs in docs/benchmarks.md): at 256 workers it costs
+# 0.6-0.7x the columns path when every worker holds the prompt and 1.15-1.18x on the
+# "typical" fleet (offloaded workers need per-worker counts); at 64 workers about the
+# same all-hit and slower typical.
+BITS_MIN_WORKERS = 128
 
 
 _encoder = msgspec.json.Encoder()
@@ -104,11 +87,16 @@ class Scorer:
         tier_weights: dict[str, float] | None = None,
         columns: bool = True,
         columns_min_workers: int = COLUMNS_MIN_WORKERS,
+        bits: bool = True,
+        bits_min_workers: int = BITS_MIN_WORKERS,
     ) -> None:
         self.index = index
-        # False: always the per-worker path (benchmarks compare the two in one run).
+        # False: always the per-worker path (benchmarks compare the paths in one run).
         self.columns = columns
+        # False: the numpy columns path instead of bitsets (when the backend has both).
+        self.bits = bits
         self.columns_min_workers = columns_min_workers
+        self.bits_min_workers = bits_min_workers
         self.tier_weights = {**DEFAULT_TIER_WEIGHTS, **(tier_weights or {})}
         w = self.tier_weights
         # Weight of a block by its media bitmask: the best tier holding it.
@@ -174,6 +162,13 @@ class Scorer:
         keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
         n = len(token_ids)
         ids = list(dict.fromkeys(worker_ids))
+        use_bits = self.columns and self.bits and len(ids) >= self.bits_min_workers
+        bits = await self.index.fetch_bits(ids) if use_bits else None
+        if bits is not None:
+            rows, rest = self._via_bits(bits, keys, used, n)
+            if rest:
+                rows += await self._via_snapshots(rest, keys, used, keys_for, n)
+            return _sorted(n, rows)
         wide = self.columns and len(ids) >= self.columns_min_workers
         cols = await self.index.fetch_columns(ids, keys) if wide else None
         if cols is None:
@@ -182,11 +177,37 @@ class Scorer:
             rows, rest = self._via_columns(cols, used, n)
             if rest:  # EAGLE, unknown groups, another hash unit: the per-worker path
                 rows += await self._via_snapshots(rest, keys, used, keys_for, n)
-        # Best first: score, then hit tokens, then worker id (stable sorts, keys in C).
-        rows.sort(key=_BY_ID)
-        rows.sort(key=_BY_HIT, reverse=True)
-        rows.sort(key=_BY_SCORE, reverse=True)
-        return ScoreResult(n, rows)
+        return _sorted(n, rows)
+
+    def _via_bits(
+        self, bits: Bits, keys: dict[int, Sequence[BlockKey]], used: dict[int, int], n: int
+    ) -> tuple[list[WorkerRow], list[str]]:
+        """Rows computed per cohort on presence bitsets (``router.score.bits``), and the
+        workers that need ``_via_snapshots`` instead (as ``_via_columns`` decides)."""
+        out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in bits.unknown]
+        rest: list[str] = []
+        for snap, members in bits.cohorts:
+            groups = snap.groups
+            if not groups:
+                out += [WorkerRow(w, 0, 0, 0.0, False) for w, _ in members]
+                continue
+            metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
+            unit = snap.hash_unit
+            if (
+                len(metas) != len(groups)
+                or snap.settings.eagle
+                or any(m.block_units > 1 for m in metas)  # partial-hash hits: per worker
+                or any(
+                    used.get(m.block_size) != (unit or m.block_size) or m.block_size not in keys
+                    for m in metas
+                )
+            ):
+                rest += [w for w, _ in members]
+                continue
+            plan = self._plan(metas)
+            group_keys = [keys[m.block_size] for m in metas]
+            out += cohort_rows(plan, metas, members, bits, group_keys, n, self._weight)
+        return out, rest
 
     async def _via_snapshots(
         self,
@@ -219,93 +240,8 @@ class Scorer:
     def _via_columns(
         self, cols: Columns, used: dict[int, int], n: int
     ) -> tuple[list[WorkerRow], list[str]]:
-        """Rows computed per cohort (workers with identical metadata) over all its
-        workers at once (``router.score.vec``), and the workers that need
-        ``_via_snapshots`` instead."""
-        out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in cols.unknown]
-        rest: list[str] = []
-        weight = self._weight
-        exact = weight[GPU_BIT] == 1.0
-        for snap, cohort in cols.cohorts:
-            groups = snap.groups
-            if not groups:
-                out += [WorkerRow(w, 0, 0, 0.0, False) for w in cohort]
-                continue
-            metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
-            unit = snap.hash_unit
-            if (
-                len(metas) != len(groups)
-                or snap.settings.eagle
-                or any(m.block_units > 1 for m in metas)  # partial-hash hits: per worker
-                or any(
-                    used.get(m.block_size) != (unit or m.block_size)
-                    or (g, m.block_size) not in cols.matrices
-                    for g, m in enumerate(metas)
-                )
-            ):
-                rest += cohort
-                continue
-            plan = self._plan(metas)
-            idx = [cols.slots[w] for w in cohort]
-            # blocks x workers, one matrix per group
-            whole = idx == list(range(len(idx))) and len(idx) == cols.width
-            masks = [
-                mat if whole else mat[:, idx]
-                for mat in (cols.matrices[(g, m.block_size)] for g, m in enumerate(metas))
-            ]
-            cached = [mat != 0 for mat in masks]
-            on_gpu = [(mat & GPU_BIT).view(np.bool_) for mat in masks]
-            hit, own = tier_hits(plan.specs, plan.step, cached, n)
-            # Workers holding some block on no GPU: their GPU-only view differs.
-            other = np.zeros(len(idx), dtype=np.bool_)
-            for c, gpu, mat in zip(cached, on_gpu, masks, strict=True):
-                if mat.max(initial=0) > GPU_BIT:  # some block is offloaded at all
-                    other |= (c > gpu).any(axis=0)
-            hit_gpu, own_gpu = hit, own
-            some = np.flatnonzero(other)
-            if some.size:
-                hit_gpu, own_gpu = hit.copy(), [o.copy() for o in own]
-                sub_hit, sub_own = tier_hits(
-                    plan.specs, plan.step, [gpu[:, some] for gpu in on_gpu], n
-                )
-                hit_gpu[some] = sub_hit
-                for o, so in zip(own_gpu, sub_own, strict=True):
-                    o[some] = so
-            per = np.stack([*own, *own_gpu], axis=1).tolist()
-            # Tier-weighted scores: p for hits held on GPUs throughout (weight 1.0),
-            # else from the needed blocks' counts per tier, as ``_weighted`` does.
-            scores = hit.astype(np.float64)
-            mixed = np.arange(len(idx)) if not exact else some
-            if 0 < mixed.size <= FEW:  # per worker: fewer calls than the bulk counts
-                for j in mixed.tolist():
-                    lists = [mat[:, j].tobytes() for mat in masks]
-                    h = int(hit[j])
-                    scores[j] = max(self._weighted(h, plan, lists), hit_gpu[j] * weight[GPU_BIT])
-            elif mixed.size:
-                wg, wc, ws = (weight[GPU_BIT], weight[CPU_BIT], weight[STORAGE_BIT])
-                ng, nc, ns, cnt = tier_counts(plan.specs, [m[:, mixed] for m in masks], hit[mixed])
-                p = hit[mixed]
-                total = ng * wg + nc * wc + ns * ws
-                weighted = np.where(p > 0, p * total / np.maximum(cnt, 1), 0.0)
-                scores[mixed] = np.maximum(weighted, hit_gpu[mixed] * wg)
-            score_list = scores.tolist()
-            for j in mixed.tolist():  # integral scores need no rounding
-                score_list[j] = round(score_list[j], 3)
-            group_rows: dict[tuple[int, ...], list[GroupRow]] = {}
-            g_n = len(metas)
-            append = out.append
-            for wid, h, hg, og, score in zip(
-                cohort, hit.tolist(), hit_gpu.tolist(), per, score_list, strict=True
-            ):
-                key = tuple(og)
-                rows = group_rows.get(key)
-                if rows is None:
-                    rows = group_rows[key] = [
-                        GroupRow(g, m.kind, m.block_size, True, og[g], og[g_n + g])
-                        for g, m in enumerate(metas)
-                    ]
-                append(WorkerRow(wid, h, hg, score, True, list(rows)))
-        return out, rest
+        """The numpy columns path (``router.score.vec.columns_rows``)."""
+        return columns_rows(cols, used, n, self._weight, self._plan, self._weighted)
 
     def _plan(self, metas: tuple[GroupMeta, ...]) -> Plan:
         plan = self._plans.get(metas)
@@ -398,6 +334,14 @@ class Scorer:
         w = self._weight
         total = n_gpu * w[GPU_BIT] + n_cpu * w[CPU_BIT] + n_sto * w[STORAGE_BIT]
         return p * total / count if count else float(p)
+
+
+def _sorted(n: int, rows: list[WorkerRow]) -> ScoreResult:
+    """Best first: score, then hit tokens, then worker id (stable sorts, keys in C)."""
+    rows.sort(key=_BY_ID)
+    rows.sort(key=_BY_HIT, reverse=True)
+    rows.sort(key=_BY_SCORE, reverse=True)
+    return ScoreResult(n, rows)
 
 
 def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:

@@ -17,11 +17,14 @@ per-worker path on random fleets. EAGLE workers keep the per-worker path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
+from router.index.base import CPU_BIT, GPU_BIT, STORAGE_BIT, Columns, GroupMeta
+from router.score.rows import GroupRow, WorkerRow
+from router.score.rule import Plan
 from schemas.hit_rule import GroupAcceptor, GroupSpec, longest_hit, max_candidate
 
 Bools = NDArray[np.bool_]
@@ -135,3 +138,97 @@ def tier_counts(
         sto += (needed & on_sto).sum(axis=0)
         total += end - start
     return gpu, cpu, sto, total
+
+
+def columns_rows(
+    cols: Columns,
+    used: dict[int, int],
+    n: int,
+    weight: list[float],
+    plan_for: Callable[[tuple[GroupMeta, ...]], Plan],
+    weighted: Callable[[int, Plan, Sequence[bytes]], float],
+) -> tuple[list[WorkerRow], list[str]]:
+    """Rows computed per cohort (workers with identical metadata) over all its
+    workers at once (``router.score.vec``), and the workers that need
+    ``Scorer._via_snapshots`` instead (the columns path, ``Scorer(bits=False)``)."""
+    out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in cols.unknown]
+    rest: list[str] = []
+    exact = weight[GPU_BIT] == 1.0
+    for snap, cohort in cols.cohorts:
+        groups = snap.groups
+        if not groups:
+            out += [WorkerRow(w, 0, 0, 0.0, False) for w in cohort]
+            continue
+        metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
+        unit = snap.hash_unit
+        if (
+            len(metas) != len(groups)
+            or snap.settings.eagle
+            or any(m.block_units > 1 for m in metas)  # partial-hash hits: per worker
+            or any(
+                used.get(m.block_size) != (unit or m.block_size)
+                or (g, m.block_size) not in cols.matrices
+                for g, m in enumerate(metas)
+            )
+        ):
+            rest += cohort
+            continue
+        plan = plan_for(metas)
+        idx = [cols.slots[w] for w in cohort]
+        # blocks x workers, one matrix per group
+        whole = idx == list(range(len(idx))) and len(idx) == cols.width
+        masks = [
+            mat if whole else mat[:, idx]
+            for mat in (cols.matrices[(g, m.block_size)] for g, m in enumerate(metas))
+        ]
+        cached = [mat != 0 for mat in masks]
+        on_gpu = [(mat & GPU_BIT).view(np.bool_) for mat in masks]
+        hit, own = tier_hits(plan.specs, plan.step, cached, n)
+        # Workers holding some block on no GPU: their GPU-only view differs.
+        other = np.zeros(len(idx), dtype=np.bool_)
+        for c, gpu, mat in zip(cached, on_gpu, masks, strict=True):
+            if mat.max(initial=0) > GPU_BIT:  # some block is offloaded at all
+                other |= (c > gpu).any(axis=0)
+        hit_gpu, own_gpu = hit, own
+        some = np.flatnonzero(other)
+        if some.size:
+            hit_gpu, own_gpu = hit.copy(), [o.copy() for o in own]
+            sub_hit, sub_own = tier_hits(plan.specs, plan.step, [gpu[:, some] for gpu in on_gpu], n)
+            hit_gpu[some] = sub_hit
+            for o, so in zip(own_gpu, sub_own, strict=True):
+                o[some] = so
+        per = np.stack([*own, *own_gpu], axis=1).tolist()
+        # Tier-weighted scores: p for hits held on GPUs throughout (weight 1.0),
+        # else from the needed blocks' counts per tier, as ``_weighted`` does.
+        scores = hit.astype(np.float64)
+        mixed = np.arange(len(idx)) if not exact else some
+        if 0 < mixed.size <= FEW:  # per worker: fewer calls than the bulk counts
+            for j in mixed.tolist():
+                lists = [mat[:, j].tobytes() for mat in masks]
+                h = int(hit[j])
+                scores[j] = max(weighted(h, plan, lists), hit_gpu[j] * weight[GPU_BIT])
+        elif mixed.size:
+            wg, wc, ws = (weight[GPU_BIT], weight[CPU_BIT], weight[STORAGE_BIT])
+            ng, nc, ns, cnt = tier_counts(plan.specs, [m[:, mixed] for m in masks], hit[mixed])
+            p = hit[mixed]
+            total = ng * wg + nc * wc + ns * ws
+            means = np.where(p > 0, p * total / np.maximum(cnt, 1), 0.0)
+            scores[mixed] = np.maximum(means, hit_gpu[mixed] * wg)
+        score_list = scores.tolist()
+        for j in mixed.tolist():  # integral scores need no rounding
+            score_list[j] = round(score_list[j], 3)
+        group_rows: dict[tuple[int, ...], list[GroupRow]] = {}
+        g_n = len(metas)
+        append = out.append
+        for wid, h, hg, og, score in zip(
+            cohort, hit.tolist(), hit_gpu.tolist(), per, score_list, strict=True
+        ):
+            key = tuple(og)
+            rows = group_rows.get(key)
+            if rows is None:
+                rows = group_rows[key] = [
+                    GroupRow(g, m.kind, m.block_size, True, og[g], og[g_n + g])
+                    for g, m in enumerate(metas)
+                ]
+            append(WorkerRow(wid, h, hg, score, True, list(rows)))
+    return out, rest

@@ -424,3 +424,28 @@ async def test_a_failed_redis_write_leaves_no_mapping_in_the_local_cache(redis_u
     hashes = src.hashes(toks, BS)
     assert await h.index.resolve(W, BS, hashes) == [None, None]
     await h.index.close()
+
+
+async def test_another_replicas_clear_voids_this_replicas_resolve_cache(redis_url: str) -> None:
+    """Two routers on one Redis: mappings one replica cached are not trusted once the
+    other cleared the worker (a restart at another hash unit: the same engine hashes
+    now name other keys) or removed and re-created it (issue 14, item 5)."""
+    from router.index.base import GPU_BIT, GroupMeta, StoreOp, WorkerState
+
+    a, b = new_index("redis", redis_url), new_index("redis", redis_url)
+    groups = {0: GroupMeta("full_attention", BS)}
+    await a.save_worker(W, WorkerState(dict(groups)))
+    await a.apply(W, groups, [StoreOp(0, GPU_BIT, [11, 12], [101, 102])])
+    assert await a.resolve(W, BS, [11, 12]) == [101, 102]
+
+    await b.clear_worker(W)
+    await b.apply(W, groups, [StoreOp(0, GPU_BIT, [11, 12], [201, 202])])
+    assert await a.resolve(W, BS, [11, 12]) == [201, 202]
+    assert await a.resolve(W, BS, [11, 12]) == [201, 202]  # now cached under the new epoch
+
+    await b.remove_worker(W)
+    await b.save_worker(W, WorkerState(dict(groups)))
+    await b.apply(W, groups, [StoreOp(0, GPU_BIT, [11], [301])])
+    assert await a.resolve(W, BS, [11, 12]) == [301, None]
+    await a.close()
+    await b.close()

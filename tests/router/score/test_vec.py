@@ -1,7 +1,8 @@
-"""The all-workers-at-once score path (memory index, ``router.score.vec``) answers
-exactly like the per-worker path (``Scorer._via_snapshots``: per-worker snapshots and
-``schemas.hit_rule``) on random fleets: holes, evicted window blocks, offloaded
-tails, mixed block sizes and layouts, more and fewer than 8 worker slots."""
+"""The all-workers-at-once score paths (memory index: bitsets, ``router.score.bits``,
+and numpy columns, ``router.score.vec``) answer exactly like the per-worker path
+(``Scorer._via_snapshots``: per-worker snapshots and ``schemas.hit_rule``) on random
+fleets: holes, evicted window blocks, offloaded tails, mixed block sizes and layouts,
+fewer than 8 worker slots and more than 64 (the bitset field widens)."""
 
 from __future__ import annotations
 
@@ -64,11 +65,12 @@ async def _fleet(
     return prompts
 
 
-@pytest.mark.parametrize("n_workers", [5, 13, 40])
+@pytest.mark.parametrize("n_workers", [5, 13, 40, 70])
 @pytest.mark.parametrize("layouts", [["swa"], ["swa", "mamba", "full"]])
 @pytest.mark.parametrize("weights", [None, {"GPU": 0.9, "CPU": 0.3333}])
-async def test_columns_path_equals_the_per_worker_path(
-    n_workers: int, layouts: list[str], weights: dict[str, float] | None
+@pytest.mark.parametrize("bits", [True, False], ids=["bits", "columns"])
+async def test_all_workers_paths_equal_the_per_worker_path(
+    n_workers: int, layouts: list[str], weights: dict[str, float] | None, bits: bool
 ) -> None:
     index = make_index("memory")
     harness = Harness.build(index)
@@ -76,7 +78,9 @@ async def test_columns_path_equals_the_per_worker_path(
     for seed in range(6):
         await index.close()  # empties the index between fleets
         prompts = await _fleet(harness, n_workers, layouts, seed)
-        scorer = Scorer(index, tier_weights=weights, columns_min_workers=0)
+        scorer = Scorer(
+            index, tier_weights=weights, columns_min_workers=0, bits=bits, bits_min_workers=0
+        )
         workers = [f"w{w}" for w in range(n_workers)] + ["never-seen"]
         for toks in prompts:
             for length in (len(toks), 200, 17, 1):

@@ -1,0 +1,149 @@
+"""Encodings of the Redis index: key names, engine-hash fields, key blobs, metadata.
+
+Split from ``router.index.redis`` (the backend's calls): the byte formats the Lua
+scripts (``router.index.redis_lua``) read and write, in one place.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from router.index.base import (
+    BlockKey,
+    ClearOp,
+    EngineHash,
+    EngineSettings,
+    GroupMeta,
+    Op,
+    SeqOp,
+    StoreOp,
+    WorkerState,
+)
+from router.index.redis_cache import MappingCache
+
+_OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack limit
+
+NAMESPACE = "kvroute:"
+
+
+class State(msgspec.Struct, array_like=True):
+    hash_mode: str
+    groups: dict[int, GroupMeta]
+    hash_unit: int | None = None
+    settings: EngineSettings = EngineSettings()
+
+    def worker_state(self) -> WorkerState:
+        return WorkerState(dict(self.groups), self.hash_mode, self.hash_unit, self.settings)
+
+
+state_enc = msgspec.msgpack.Encoder()
+state_dec = msgspec.msgpack.Decoder(State)
+
+
+def worker_prefix(worker_id: str) -> str:
+    """``kvroute:{w:<id>}:`` -- the hash tag puts all of a worker's keys in one slot."""
+    return f"{NAMESPACE}{{w:{worker_id}}}:"
+
+
+def encode_hash(h: EngineHash) -> bytes:
+    """An engine hash as a Redis field: ints and digests never collide."""
+    if isinstance(h, bytes):
+        return b"b" + h
+    if 0 <= h < 1 << 64:
+        return b"i" + h.to_bytes(8, "big")
+    return b"I" + str(h).encode()
+
+
+def encode_hashes(hashes: Sequence[EngineHash]) -> tuple[int, bytes | list[bytes]]:
+    """``encode_hash`` of each hash as (width, one blob) when all share a width, else
+    (0, the fields). The common case -- 64-bit unsigned ints -- runs in C: one array
+    conversion and nine strided copies instead of a Python call per hash."""
+    try:
+        words = array("Q", hashes)
+    except (OverflowError, TypeError):
+        fields = [encode_hash(h) for h in hashes]
+        width = len(fields[0])
+        if all(len(f) == width for f in fields):
+            return width, b"".join(fields)
+        return 0, fields
+    n = len(words)
+    out = bytearray(9 * n)
+    out[0::9] = b"i" * n
+    raw = _be_bytes(words)
+    for b in range(8):
+        out[1 + b :: 9] = raw[b::8]
+    return 9, bytes(out)
+
+
+def _be_bytes(words: array[int]) -> bytes:
+    """Unsigned 64-bit words as consecutive 8-byte big-endian strings."""
+    if sys.byteorder == "little":
+        words.byteswap()
+    return words.tobytes()
+
+
+def key_blob(keys: Sequence[BlockKey]) -> bytes:
+    """Block keys as consecutive 8-byte big-endian strings (what the scripts read)."""
+    return _be_bytes(array("Q", keys))
+
+
+def new_epoch() -> int:
+    """A fresh epoch token (see the module docstring); random, so a worker removed and
+    created again never gets a token a cache was built under."""
+    return random.getrandbits(52) + 1
+
+
+def plan_of(groups: dict[int, GroupMeta]) -> str:
+    order = sorted(groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
+    return ";".join(f"{g},{m.block_size},{int(m.rule == 'full')}" for g, m in order)
+
+
+def apply_args(
+    worker_id: str,
+    ghost_cap: int,
+    groups: dict[int, GroupMeta],
+    ops: Sequence[Op],
+    learned: list[tuple[str, int, dict[EngineHash, BlockKey]]],
+    cache: MappingCache,
+) -> list[Any]:
+    """``APPLY``'s arguments for one worker's ops (format: ``router.index.redis_lua``);
+    ``learned`` collects the mappings to cache once Redis took the write."""
+    prefix = worker_prefix(worker_id)
+    args: list[Any] = [prefix, ghost_cap]
+    for op in ops:
+        if isinstance(op, SeqOp):
+            args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
+            continue
+        if isinstance(op, ClearOp):
+            args.append(f"3 {new_epoch()}".encode())
+            cache.forget(worker_id)
+            # Mappings learned before the clear in this call are void after it.
+            learned[:] = [x for x in learned if x[0] != worker_id]
+            continue
+        bs = groups[op.group].block_size
+        sibs = [g for g, m in groups.items() if g != op.group and m.block_size == bs]
+        store = isinstance(op, StoreOp)
+        if isinstance(op, StoreOp):
+            learned.append((worker_id, bs, dict(zip(op.hashes, op.keys, strict=True))))
+        else:  # the server may drop these map entries: ask it again when needed
+            cache.unremember(worker_id, bs, op.hashes)
+        tail = " ".join(map(str, (op.group, bs, op.medium_bit)))
+        sib_tail = " ".join(map(str, (len(sibs), *sibs)))
+        for lo in range(0, len(op.hashes), _OP_CHUNK):  # Lua's unpack() has a limit
+            chunk = op.hashes[lo : lo + _OP_CHUNK]
+            width, hashes = encode_hashes(chunk)
+            head = f"{1 if store else 2} {tail} {len(chunk)} {width} {sib_tail}"
+            args.append(head.encode())
+            if isinstance(hashes, bytes):
+                args.append(hashes)
+            else:
+                args += hashes
+            if isinstance(op, StoreOp):
+                args.append(key_blob(op.keys[lo : lo + _OP_CHUNK]))
+    return args

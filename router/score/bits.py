@@ -1,0 +1,344 @@
+"""The hybrid hit rule for every worker at once, on presence bitsets (memory index).
+
+Why: the index keeps, per (group, block key), one int with four bits per worker slot
+(any medium, GPU, CPU, STORAGE; ``router.index.base.Bits``). ANDing
+the request's ints along the prompt (``itertools.accumulate``, in C, stopping at the
+first block no worker holds) gives every worker's full-attention prefix at once; workers
+then fall into a few *classes* (equal prefixes), and the rest of the rule runs once per
+class on bitsets, not once per worker. A score costs one lookup and one AND per prompt
+block, plus a few operations per distinct pattern -- flat in the worker count up to the
+cost of building one result row per worker.
+
+The rule (``schemas.hit_rule``): ``cap`` = the shortest full-attention prefix (aligned to
+the hit step, at most ``max_candidate``); a sliding-window or mamba group accepts a
+candidate ``p`` when its window (last block) ending at ``p`` is cached, and its own hit
+is the largest accepted candidate ``<= cap``; the joint hit is the largest candidate
+every group accepts. Candidates are scanned downwards per class, and a window's AND is
+answered in O(1) from per-chunk prefix/suffix ANDs (chunks of the window's length).
+The GPU-only view is the same computation on the GPU bits (one above each any-medium
+bit), for the slots holding some read block offloaded only; the others' GPU view is
+their any-medium view. Tier-weighted
+scores of workers whose hit needs offloaded blocks are computed per worker
+(``Scorer._weighted`` on media bytes unpacked for those workers only). EAGLE workers,
+gapped group indices and workers at another hash unit keep the per-worker path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+from itertools import accumulate, chain, compress, islice, repeat, takewhile
+from operator import and_, ne, or_
+
+import numpy as np
+
+from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
+from router.score.rows import GroupRow, WorkerRow
+from router.score.rule import Plan
+from schemas.hit_rule import max_candidate
+
+ALL = -1  # every bit set: what an empty window (a hit ending at block 0) accepts
+Classes = dict[int, int]  # value (tokens) -> bitset of slots
+
+
+def prefix_classes(pa: list[int]) -> Classes:
+    """``pa[i]``: slots whose prefix is ``>= i`` blocks (``pa[0]`` the cohort, no zero
+    entries) -> {prefix blocks: slots with exactly that prefix}."""
+    n = len(pa)
+    out = {i: pa[i] ^ pa[i + 1] for i in compress(range(n - 1), map(ne, pa, islice(pa, 1, None)))}
+    out[n - 1] = pa[-1]
+    return out
+
+
+def accepts(vals: list[int], rule: str, width: int) -> list[int]:
+    """``out[e]``: the slots (bits of every field) whose sliding-window or mamba group
+    accepts a hit ending at block ``e`` (``out[0]``: everyone), for ``e <= len(vals)``.
+
+    A window's AND from per-chunk prefix and suffix ANDs (chunks of the window's
+    length): ``AND[e - w, e) = suffix[e - w] & prefix[e - 1]``. Every step is a C-level
+    ``accumulate`` / ``map``: O(blocks), no Python loop."""
+    if rule == "mamba":
+        return [ALL, *vals]
+    n, w = len(vals), width
+    parts = [vals[s : s + w] for s in range(0, n, w)]
+    pre = list(chain.from_iterable(accumulate(c, and_) for c in parts))
+    if n < w:
+        return [ALL, *pre]
+    suf = list(chain.from_iterable(list(accumulate(reversed(c), and_))[::-1] for c in parts))
+    return [ALL, *pre[: w - 1], *map(and_, suf[: n - w + 1], pre[w - 1 :])]
+
+
+def sweep(classes: Classes, cand: list[int], step: int) -> Classes:
+    """{largest candidate ``<= cap`` that ``cand`` accepts: slots} for {cap: slots};
+    ``cand[c]``: the slots accepting candidate ``c * step``. The search for the next
+    accepted candidate of the pending slots is one C-level ``compress`` per class."""
+    out: Classes = {}
+    order = sorted(((cap // step, bits) for cap, bits in classes.items()), reverse=True)
+    pending = 0
+    i, n = 0, len(order)
+    last = len(cand) - 1
+    while i < n:
+        c, bits = order[i]
+        pending |= bits
+        i += 1
+        low = order[i][0] if i < n else 0
+        hi = min(c, last)
+        while pending and hi > low:
+            e = next(
+                compress(
+                    range(hi, low, -1),
+                    map(and_, reversed(cand[low + 1 : hi + 1]), repeat(pending)),
+                ),
+                0,
+            )
+            if not e:
+                break
+            ok = cand[e] & pending
+            out[e * step] = out.get(e * step, 0) | ok
+            pending ^= ok
+            hi = e - 1
+    if pending:
+        out[0] = out.get(0, 0) | pending
+    return out
+
+
+def _candidates(per_block: list[tuple[int, list[int]]], step: int) -> list[int]:
+    """Candidate-indexed acceptance (``c * step``) from block-indexed lists, ANDed over
+    the groups given as (block size, list)."""
+    lists = [acc if step == bs else acc[:: step // bs] for bs, acc in per_block]
+    if len(lists) == 1:
+        return lists[0]
+    n = min(map(len, lists))
+    out = lists[0][:n]
+    for other in lists[1:]:
+        out = list(map(and_, out, other[:n]))
+    return out
+
+
+def _view(
+    plan: Plan,
+    vals: dict[int, list[int]],
+    cands: dict[int, list[int]],
+    joint_cand: list[int] | None,
+    full_pa: dict[int, list[int]],
+    top: int,
+    mask: int,
+) -> tuple[Classes, list[Classes]]:
+    """(joint hit classes, each group's own hit classes) for one tier view: slots'
+    bits in the field ``mask`` selects (``mask``: the cohort's bits in that field)."""
+    step = plan.step
+    own: list[Classes] = [{} for _ in plan.shapes]
+    cap: Classes = {top: mask}
+    for g, (bs, rule, _) in enumerate(plan.shapes):
+        if rule != "full":
+            continue
+        pa = full_pa.get(g)
+        if pa is None:
+            pa = list(takewhile(bool, accumulate(vals[g], and_, initial=mask)))
+        cls: Classes = {}
+        for blocks, bits in prefix_classes(pa).items():
+            v = min(blocks * bs, top) // step * step
+            cls[v] = cls.get(v, 0) | bits
+        own[g] = cls
+        if len(cap) == 1 and top in cap:
+            cap = cls
+            continue
+        nxt: Classes = {}
+        for c1, b1 in cap.items():
+            for c2, b2 in cls.items():
+                x = b1 & b2
+                if x:
+                    v = min(c1, c2)
+                    nxt[v] = nxt.get(v, 0) | x
+        cap = nxt
+    if not cands:
+        return cap, own
+    for g, cand in cands.items():
+        own[g] = sweep(cap, cand, step)
+    if joint_cand is None:
+        return own[next(iter(cands))], own
+    return sweep(cap, joint_cand, step), own
+
+
+def _merge(same: Classes, keep: int, gpu: Classes) -> Classes:
+    """GPU-view classes: ``keep``'s slots as in the any-medium view, the others from
+    ``gpu`` (computed on the GPU bits, one above each slot's any-medium bit)."""
+    out: Classes = {}
+    for k, b in same.items():
+        x = b & keep
+        if x:
+            out[k] = x
+    for k, b in gpu.items():
+        out[k] = out.get(k, 0) | (b >> 1)
+    return out
+
+
+def _tier_counts(
+    plan: Plan, vals: dict[int, list[int]], nslots: int, slots: list[int], hits: list[int]
+) -> tuple[np.ndarray, ...]:
+    """Per slot, the blocks its hit needs (every group) by best tier: (GPU, CPU only,
+    STORAGE only, all) -- what ``Scorer._weighted`` counts, for every offloaded slot at
+    once: the groups' needed blocks in one matrix of only the bytes holding those slots'
+    bits, counts by prefix sums. Every needed block is cached (the hit was accepted),
+    so STORAGE only is the rest."""
+    m = len(slots)
+    p = np.asarray(hits, dtype=np.int64)
+    idx = np.asarray(slots, dtype=np.int64)
+    ranges = []
+    parts: list[int] = []
+    for g, (bs, rule, wb) in enumerate(plan.shapes):
+        end = p // bs
+        if rule == "full":
+            start = np.zeros(m, dtype=np.int64)
+        elif rule == "sliding":
+            start = np.maximum(end - wb, 0)
+        else:
+            start = np.maximum(end - 1, 0)
+        off = len(parts)
+        parts += vals[g][: int(end.max())]
+        ranges.append((start + off, end + off))
+    count = sum(e - b for b, e in ranges)
+    if not parts:
+        zero = np.zeros(m, dtype=np.int64)
+        return zero, zero, count, count
+    width = (nslots + 1) // 2  # two slots per byte
+    raw = b"".join(map(int.to_bytes, parts, repeat(width), repeat("little")))
+    rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(parts), width)
+    nib = 4 * (idx % 2)
+    shift = np.concatenate([nib + 1, nib + 2]).astype(np.uint8)  # GPU, CPU bits
+    gc = (rows[:, np.tile(idx // 2, 2)] >> shift) & 1
+    gc[:, m:] &= 1 - gc[:, :m]  # CPU only
+    cs = np.zeros((len(parts) + 1, 2 * m), dtype=np.int32)
+    np.cumsum(gc, axis=0, out=cs[1:])
+    cols = np.arange(2 * m)
+    got = sum(cs[np.tile(e, 2), cols] - cs[np.tile(b, 2), cols] for b, e in ranges)
+    n_gpu, n_cpu = got[:m].astype(np.int64), got[m:].astype(np.int64)
+    return n_gpu, n_cpu, count - n_gpu - n_cpu, count
+
+
+def cohort_rows(
+    plan: Plan,
+    metas: tuple[GroupMeta, ...],
+    members: list[tuple[str, int]],
+    bits: Bits,
+    keys: Sequence[Sequence[BlockKey]],
+    n: int,
+    weight: list[float],
+) -> list[WorkerRow]:
+    """Rows of one cohort (workers of one group layout); ``keys[g]``: group ``g``'s
+    request block keys."""
+    nslots = bits.slots
+    step = plan.step
+    top = max_candidate(n, step)
+    cohort = 0  # the cohort's any-medium bits (bit 4s for slot s)
+    for _, s in members:
+        cohort |= 1 << (4 * s)
+    tables = bits.tables
+    vals: dict[int, list[int]] = {}
+    full_pa: dict[int, list[int]] = {}
+    reach = top  # tokens any slot can hit: the longest full-attention prefix
+    for g, (bs, rule, _) in enumerate(plan.shapes):
+        if rule != "full":
+            continue
+        get = (tables.get(g) or {}).get
+        ks = keys[g]
+        pa = list(takewhile(bool, accumulate(map(get, ks, repeat(0)), and_, initial=cohort)))
+        full_pa[g] = pa
+        depth = len(pa) - 1
+        vals[g] = list(map(get, islice(ks, depth)))
+        reach = min(reach, depth * bs)
+    blocks: dict[int, tuple[int, list[int]]] = {}
+    for g, (bs, rule, wb) in enumerate(plan.shapes):
+        if rule == "full":
+            continue
+        get = (tables.get(g) or {}).get
+        vals[g] = list(map(get, islice(keys[g], reach // bs), repeat(0)))
+        blocks[g] = (bs, accepts(vals[g], rule, wb))
+    cands = {g: _candidates([b], step) for g, b in blocks.items()}
+    joint = _candidates(list(blocks.values()), step) if len(blocks) > 1 else None
+    hit, own = _view(plan, vals, cands, joint, full_pa, top, cohort)
+    # Slots holding some read block on CPU or STORAGE: only their GPU view differs.
+    off = 0
+    for v in vals.values():
+        if v:
+            r = reduce(or_, v)
+            off |= (r >> 2) | (r >> 3)  # CPU or STORAGE bits moved onto any-medium bits
+    off &= cohort
+    if off:
+        hit_g, own_g = _view(plan, vals, cands, joint, {}, top, off << 1)
+        keep = cohort ^ off
+        hit_g = _merge(hit, keep, hit_g)
+        own_g = [_merge(a, keep, g) for a, g in zip(own, own_g, strict=True)]
+    else:
+        hit_g, own_g = hit, own
+    attrs = [hit, hit_g, *own, *own_g]
+    uniq: list[Classes] = []  # views and groups often share one dict
+    where: list[int] = []
+    for attr in attrs:
+        j = next((j for j, u in enumerate(uniq) if u is attr or u == attr), len(uniq))
+        if j == len(uniq):
+            uniq.append(attr)
+        where.append(j)
+    per_slot = _labels(uniq, nslots, [4 * s for _, s in members])
+    g_n = len(metas)
+    wg = weight[GPU_BIT]
+    shapes = plan.shapes
+    out: list[WorkerRow] = []
+    append = out.append
+    memo: dict[tuple[int, ...], tuple[list[GroupRow], float | None]] = {}
+    mixed: list[tuple[str, int, int, int, list[GroupRow]]] = []
+    for (wid, slot), row in zip(members, per_slot, strict=True):
+        key = tuple(row)
+        got = memo.get(key)
+        h, hg = key[where[0]], key[where[1]]
+        if got is None:
+            og = [key[where[2 + g]] for g in range(g_n)]
+            ogg = [key[where[2 + g_n + g]] for g in range(g_n)]
+            rows = [
+                GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)
+            ]
+            score: float | None = 0.0
+            if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
+                score = None
+            elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
+                count = 0
+                for bs, rule, wb in shapes:
+                    end = h // bs
+                    count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
+                total = count * wg + 0 * weight[2] + 0 * weight[4]
+                score = round(max(h * total / count if count else float(h), hg * wg), 3)
+            got = memo[key] = (rows, score)
+        rows, score = got
+        if score is None:
+            mixed.append((wid, slot, h, hg, rows))
+        else:
+            append(WorkerRow(wid, h, hg, score, True, list(rows)))
+    if mixed:  # the same float operations as ``Scorer._weighted``, for all at once
+        hits = [m[2] for m in mixed]
+        ng, nc, ns, cnt = _tier_counts(plan, vals, nslots, [m[1] for m in mixed], hits)
+        total = ng * wg + nc * weight[2] + ns * weight[4]
+        fl = (np.asarray(hits) * total / np.maximum(cnt, 1)).tolist()
+        for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
+            append(WorkerRow(wid, h, hg, round(max(f, hg * wg), 3), True, list(rows)))
+    return out
+
+
+def _labels(attrs: list[Classes], nslots: int, order: list[int]) -> list[list[int]]:
+    """Per slot (``order``: their any-medium bit positions), its value in each of
+    ``attrs`` ({value: slots}): every bitset unpacked into one (bitsets x bits) 0/1
+    matrix in C; within an attribute exactly one bitset holds a slot, so its row is an
+    ``argmax``."""
+    width = (nslots + 1) // 2
+    bitsets = [b for a in attrs for b in a.values()]
+    raw = b"".join(map(int.to_bytes, bitsets, repeat(width), repeat("little")))
+    bits = np.unpackbits(
+        np.frombuffer(raw, dtype=np.uint8).reshape(len(bitsets), width), axis=1, bitorder="little"
+    )[:, order]
+    out = np.empty((len(order), len(attrs)), dtype=np.int64)
+    r = 0
+    for i, a in enumerate(attrs):
+        values = np.fromiter(a, dtype=np.int64, count=len(a))
+        out[:, i] = values[bits[r : r + len(a)].argmax(axis=0)] if len(a) > 1 else values[0]
+        r += len(a)
+    labels: list[list[int]] = out.tolist()
+    return labels
