@@ -353,11 +353,8 @@ class MemoryIndex(MemoryReads):
         t = self._tables.get(group)
         if w is None or not t:
             return [0] * len(keys)
-        shift, extra = 8 * w.slot, w.copies
-        return [
-            1 + extra.get((group, medium_bit, k), 0) if (t.get(k, 0) >> shift) & medium_bit else 0
-            for k in keys
-        ]
+        bit, extra = 1 << (4 * w.slot + _BIT_SLOT[medium_bit] + 1), w.copies
+        return [1 + extra.get((group, medium_bit, k), 0) if t.get(k, 0) & bit else 0 for k in keys]
 
     async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
         w = self._workers.get(worker_id)

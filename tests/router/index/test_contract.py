@@ -44,6 +44,25 @@ async def test_copies_are_counted_and_the_last_copy_removes(harness: Harness) ->
     assert (await harness.one(toks, W)).hit_tokens == 0
 
 
+async def test_copies_are_read_per_worker_and_medium(harness: Harness) -> None:
+    """``IndexBackend.copies`` (what the re-announcement check reads) for a worker that is
+    not the first one registered, per medium."""
+    from router.index.base import CPU_BIT, GPU_BIT
+
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    await harness.feed("w0", src.store(toks, BS, 0, 4))  # takes the first slot
+    await harness.feed(W, src.store(toks, BS, 0, 4), src.store(toks, BS, 0, 2))
+    await harness.feed(W, src.store(toks, BS, 0, 3, medium="CPU"))
+    keys = await harness.index.resolve(W, BS, src.hashes(toks, BS))
+    assert None not in keys
+    index = harness.index
+    assert await index.copies(W, 0, keys, GPU_BIT) == [2, 2, 1, 1]  # type: ignore[arg-type]
+    assert await index.copies(W, 0, keys, CPU_BIT) == [1, 1, 1, 0]  # type: ignore[arg-type]
+    assert await index.copies("w0", 0, keys, GPU_BIT) == [1, 1, 1, 1]  # type: ignore[arg-type]
+    assert await index.copies("nobody", 0, keys, GPU_BIT) == [0, 0, 0, 0]  # type: ignore[arg-type]
+
+
 async def test_media_are_tracked_per_block(harness: Harness) -> None:
     src = EventSource()
     toks = tokens(10 * BS + 1)
