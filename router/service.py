@@ -349,6 +349,11 @@ class RouterService:
             skip_prefix_cache=skip_prefix_cache,
         )
         self.metrics.score_latency.observe(time.perf_counter() - t0)
+        subs = self.subscriptions
+        for row in result.workers:
+            sub = subs.get(row.worker_id)
+            if sub is not None and sub.partial_history:
+                row.lower_bound = True
         return result
 
     async def ready(self) -> bool:

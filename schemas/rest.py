@@ -142,6 +142,11 @@ class WorkerScore(BaseModel):
     score: float
     learned: bool = True
     groups: list[GroupScore] = Field(default_factory=list)
+    lower_bound: bool = Field(
+        default=False,
+        description="the worker's history was rebuilt only in part (partial_history): "
+        "blocks cached before it may be missing, so the true hit can only be higher",
+    )
 
 
 class ScoreResponse(BaseModel):

@@ -29,6 +29,9 @@ class WorkerRow(msgspec.Struct):
     score: float
     learned: bool = True
     groups: list[GroupRow] = msgspec.field(default_factory=list)
+    # The worker's history was rebuilt only in part (its replay buffer did not reach
+    # back far enough): blocks from before may be missing, so hits can only be higher.
+    lower_bound: bool = False
 
 
 class ScoreResult(msgspec.Struct):

@@ -75,6 +75,7 @@ class Fleet:
             for _ in range(8)
         ]
         self.rng = rng
+        self.lower_bound: bool | None = None  # of the last score answer
 
     # ------------------------------------------------------------------ router
     def start_router(self) -> float:
@@ -149,6 +150,7 @@ class Fleet:
         )
         assert r.status_code == 200, r.text
         s = r.json()["workers"][0]
+        self.lower_bound = s["lower_bound"]
         return s["hit_tokens"], s["hit_tokens_gpu"]
 
     # ------------------------------------------------------------------ engine
@@ -214,6 +216,7 @@ def test_router_killed_and_restarted_is_exact_when_the_buffer_covers(
     )
     assert wrong == []
     assert not info["partial_history"] and not info["faulted"]
+    assert fleet.lower_bound is False
     assert sum(g[0] > 0 for _, g in pairs) > 10  # the probes did hit the cache
     if index == "redis":
         assert info["resyncs"] == 0  # resumed from the seq Redis recorded
@@ -244,6 +247,7 @@ def test_router_restarted_after_the_buffer_overran_reports_lower_bounds(
         f"resyncs {fleet.info()['resyncs']}"
     )
     assert over == []  # never a block the engine no longer holds
+    assert fleet.lower_bound is True  # and every score answer says so
     log = (fleet.tmp / "router-2.log").read_text()
     # An honest reason: the buffer moved on, the publisher did not restart (item 7).
     assert "event=publisher_restarted" not in log

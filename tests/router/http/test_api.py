@@ -147,6 +147,7 @@ async def test_score_errors(client: httpx.AsyncClient, engine: FakeEngine):
         "score": 0.0,
         "learned": False,
         "groups": [],
+        "lower_bound": False,
     }
 
 
