@@ -49,7 +49,10 @@ class LightEngine:
     def __init__(self, worker_id: str, http: int, pub: int, replay: int) -> None:
         self.worker_id, self.http = worker_id, http
         self.publisher = ZmqEventPublisher(
-            f"tcp://*:{pub}", f"tcp://127.0.0.1:{replay}", topic=f"kv@{worker_id}"
+            f"tcp://127.0.0.1:{pub}",
+            f"tcp://127.0.0.1:{replay}",
+            topic=f"kv@{worker_id}",
+            mode="bind",
         )
         self.stored: dict[bytes, None] = {}  # insertion-ordered: evict the oldest
         self.capacity = 4096

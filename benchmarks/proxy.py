@@ -154,8 +154,8 @@ def start_fleet(
         http, pub, rep = ports[3 * i : 3 * i + 3]
         procs.append(start([
             sys.executable, "-m", "router.cli", "engine", "--port", str(http),
-            "--worker-id", f"e{i}", "--publish", f"tcp://*:{pub}",
-            "--replay", f"tcp://*:{rep}", "--gpu-blocks", "4096", "--cpu-blocks", "0",
+            "--worker-id", f"e{i}", "--publish", f"tcp://127.0.0.1:{pub}",
+            "--replay", f"tcp://127.0.0.1:{rep}", "--gpu-blocks", "4096", "--cpu-blocks", "0",
             "--tokenizer", str(TOKENIZER), "--log-level", "warning",
         ], tmp / f"e{i}.log"))  # fmt: skip
     return engines, specs

@@ -268,7 +268,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             http, pub, rep = ports[3 * i : 3 * i + 3]
             procs.append(start([
                 sys.executable, "-m", "router.cli", "engine", "--port", str(http),
-                "--worker-id", f"e{i}", "--publish", f"tcp://*:{pub}",
+                "--worker-id", f"e{i}", "--publish", f"tcp://127.0.0.1:{pub}",
                 "--replay", f"tcp://127.0.0.1:{rep}", "--gpu-blocks", str(args.gpu_blocks),
                 "--cpu-blocks", "0", "--tokenizer", str(TOKENIZER), "--log-level", "warning",
             ], tmp / f"e{i}.log"))  # fmt: skip

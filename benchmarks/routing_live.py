@@ -111,8 +111,8 @@ class Fleet:
             http, pub, rep = ports[3 * i : 3 * i + 3]
             self.procs.append(start([
                 sys.executable, "-m", "router.cli", "engine", "--port", str(http),
-                "--worker-id", f"e{i}", "--publish", f"tcp://*:{pub}",
-                "--replay", f"tcp://*:{rep}", "--gpu-blocks", str(a.gpu_blocks),
+                "--worker-id", f"e{i}", "--publish", f"tcp://127.0.0.1:{pub}",
+                "--replay", f"tcp://127.0.0.1:{rep}", "--gpu-blocks", str(a.gpu_blocks),
                 "--cpu-blocks", "0", "--tokenizer", str(TOKENIZER), "--log-level", "warning",
                 "--token-delay-ms", str(a.token_delay_ms),
                 "--prefill-us-per-token", str(a.prefill_us_per_token),

@@ -66,10 +66,15 @@ def test_dp_rank_offsets_both_ports(
     closing: Callable[[zmq.Socket], zmq.Socket],
 ) -> None:
     pub, port, rport = bind_on_free_ports(
-        lambda p, r: make_pub(f"tcp://*:{p}", replay_endpoint=f"tcp://*:{r}", data_parallel_rank=1)
+        lambda p, r: make_pub(
+            f"tcp://127.0.0.1:{p}",
+            replay_endpoint=f"tcp://127.0.0.1:{r}",
+            data_parallel_rank=1,
+            mode="bind",
+        )
     )
-    assert pub.endpoint == f"tcp://*:{port + 1}"
-    assert pub.replay_endpoint == f"tcp://*:{rport + 1}"
+    assert pub.endpoint == f"tcp://127.0.0.1:{port + 1}"
+    assert pub.replay_endpoint == f"tcp://127.0.0.1:{rport + 1}"
     assert pub.bound_endpoint is not None and pub.bound_endpoint.endswith(f":{port + 1}")
     sub = closing(subscribe(ctx, f"tcp://127.0.0.1:{port + 1}"))
     # Publish until the SUB sees one (slow joiner); every frame carries rank 1.
@@ -92,7 +97,9 @@ def test_new_publisher_restarts_at_seq_zero(
     """Same endpoint, new instance (an engine restart): the SUB sees seq go back to 0."""
 
     def make_on(p: int, r: int) -> ZmqEventPublisher:
-        return make_pub(f"tcp://*:{p}", replay_endpoint=f"tcp://*:{r}", topic="w")
+        return make_pub(
+            f"tcp://127.0.0.1:{p}", replay_endpoint=f"tcp://127.0.0.1:{r}", topic="w", mode="bind"
+        )
 
     first, port, rport = bind_on_free_ports(make_on)
 
@@ -213,7 +220,7 @@ def test_bind_failure_raises_in_the_constructor(
     pub = make_pub("tcp://127.0.0.1:*")
     port = pub.bound_endpoint.rsplit(":", 1)[1] if pub.bound_endpoint else ""
     with pytest.raises(zmq.ZMQError):
-        ZmqEventPublisher(f"tcp://*:{port}")
+        ZmqEventPublisher(f"tcp://127.0.0.1:{port}", mode="bind")
     with pytest.raises(zmq.ZMQError):
         ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="not-an-endpoint://x")
 
