@@ -60,6 +60,10 @@ class PolicyWeights:
     # that have a cache to lose. The window is ``share_window`` routed requests per worker.
     share: float = 1.0
     share_window: float = 64.0
+    # The deviation is taken over ``mean + share_prior x request_tokens``: until a few
+    # requests' worth of tokens has been routed (a fresh router, a quiet fleet) a worker
+    # that got the only request is not "over its share" by N times.
+    share_prior: float = 8.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 

@@ -146,7 +146,8 @@ class KvAwarePolicy(Policy):
                 queue += weights.backlog_over * max(0.0, view.prefill_backlog - weights.knee)
             decode = weights.decode * view.inflight + weights.held * view.inflight_tokens
             if weights.share > 0 and fair > 0:
-                decode += weights.share * n * (view.recent_tokens / fair - 1.0)
+                spread = (view.recent_tokens - fair) / (fair + weights.share_prior * n)
+                decode += weights.share * n * spread
             costs.append((weights.prefill * miss + queue) / speed + decode)
         return costs
 

@@ -48,7 +48,7 @@ def test_held_tokens_weigh_by_size_not_by_count() -> None:
 
 
 def test_share_term_scales_with_the_request_and_the_deviation() -> None:
-    w = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=1.0)
+    w = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=1.0, share_prior=0.0)
     # "over" got 1.2x the fleet mean of recent tokens: 20% of a 1000-token request.
     over = WorkerView("over", hit_tokens=300, score=300.0, recent_tokens=1200.0)
     under = WorkerView("under", recent_tokens=800.0)
@@ -62,7 +62,7 @@ def test_share_term_scales_with_the_request_and_the_deviation() -> None:
 
 
 def _imbalance(share: float, seed: int = 3) -> float:
-    weights = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=share)
+    weights = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=share, share_prior=0.0)
     core = RoutingCore(RoutingConfig(weights=weights, seed=seed, inflight_ttl_s=1e9))
     rng = random.Random(seed)
     totals = {"a": 0, "b": 0, "c": 0, "d": 0}
@@ -92,3 +92,22 @@ def test_recent_tokens_decay_over_the_window() -> None:
         core.route(f"r{i}", [i] * 10, [Score("a"), Score("b", 9, 9, 9.0)], now=0.0)
     # Eight routed requests at 1 - 1/8 each: (7/8)^8 of the first 1000 tokens remain.
     assert abs(core.recent["a"] - 1000.0 * (7 / 8) ** 8) < 1e-6
+
+
+def test_a_fresh_router_does_not_balance_away_a_cache_hit() -> None:
+    # The first request ever went to "a": a is N times its "share" of recent tokens. With
+    # the prior (8 requests' worth) that is no reason to give up a half-cached prompt.
+    core = RoutingCore(RoutingConfig(seed=0, inflight_ttl_s=1e9))
+    scores = [Score(w) for w in "abcd"]
+    first = core.route("first", list(range(100)), scores, now=0.0).worker_id
+    core.finish("first", now=0.0)
+    half = [Score(w, 50, 50, 50.0) if w == first else Score(w) for w in "abcd"]
+    assert core.route("second", list(range(100)), half, now=0.0).worker_id == first
+    # Without the prior the same decision balances the hit away.
+    bare = RoutingCore(
+        RoutingConfig(weights=PolicyWeights(share_prior=0.0), seed=0, inflight_ttl_s=1e9)
+    )
+    first = bare.route("first", list(range(100)), scores, now=0.0).worker_id
+    bare.finish("first", now=0.0)
+    half = [Score(w, 50, 50, 50.0) if w == first else Score(w) for w in "abcd"]
+    assert bare.route("second", list(range(100)), half, now=0.0).worker_id != first
