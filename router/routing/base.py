@@ -60,6 +60,10 @@ class PolicyWeights:
     # that have a cache to lose. The window is ``share_window`` routed requests per worker.
     share: float = 1.0
     share_window: float = 64.0
+    # The deviation is taken over ``mean + share_prior x request_tokens``: until a few
+    # requests' worth of tokens has been routed (a fresh router, a quiet fleet) a worker
+    # that got the only request is not "over its share" by N times.
+    share_prior: float = 8.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -106,8 +110,6 @@ class RouteInput:
     hot_tokens: int = 0
     # The engines' block size in tokens (hit step): the anchors count in blocks.
     block_tokens: int = 16
-    # A worker's fair share of a full window of recent tokens (the share term's scale).
-    full_window_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ prefill work::
            + decode * inflight_w                  # decode slots, in token equivalents
            + held * inflight_tokens_w             # KV held by running requests
            + share * request_tokens * (recent_w - mean(recent))
-                   / max(mean(recent), full_window_share)  # fair share, see below
+                   / (mean(recent) + share_prior * request_tokens)  # fair share
 
 plus a balance guard: a worker whose load exceeds the fleet's mean by more than
 ``balance_slack`` loses its cache affinity, so a popular prefix cannot pile traffic onto
@@ -136,9 +136,6 @@ class KvAwarePolicy(Policy):
         n = request.request_tokens
         ctx = weights.context_tokens
         fair = sum(v.recent_tokens for v in views) / len(views)
-        # Measured against a full window, so a fresh router's first requests (one worker
-        # holding "all" of three requests) do not outweigh their caches.
-        scale = max(fair, request.full_window_share)
         costs: list[float] = []
         for view, load in zip(views, loads, strict=True):
             affinity = 0.0
@@ -153,8 +150,9 @@ class KvAwarePolicy(Policy):
             if weights.backlog_over > 0:  # a backlog past the knee (a long prompt) repels
                 queue += weights.backlog_over * max(0.0, view.prefill_backlog - weights.knee)
             decode = weights.decode * view.inflight + weights.held * view.inflight_tokens
-            if weights.share > 0 and scale > 0:
-                decode += weights.share * n * (view.recent_tokens - fair) / scale
+            if weights.share > 0 and fair > 0:
+                spread = (view.recent_tokens - fair) / (fair + weights.share_prior * n)
+                decode += weights.share * n * spread
             costs.append((weights.prefill * miss + queue) / speed + decode)
         return costs
 

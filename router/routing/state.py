@@ -241,7 +241,6 @@ class RoutingCore:
         self._policies: dict[str, Policy] = {}
         # Prompt tokens routed per worker, decayed per routed request (the share term).
         self.recent: dict[str, float] = {}
-        self.recent_requests = 0.0  # routed requests, decayed alike (their mean size)
         # Plain counters; the API exports them as Prometheus metrics at scrape time.
         self.routed: Counter[str] = Counter()
         self.finished = 0
@@ -307,7 +306,7 @@ class RoutingCore:
                     engine=engines.get(s.worker_id, unknown),
                 )
             )
-        request = RouteInput(n, hot, self.config.prefix_block_tokens, self._full_window_share())
+        request = RouteInput(n, hot, self.config.prefix_block_tokens)
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
         expected = max(chosen.hit_tokens, chosen.predicted_tokens)
@@ -341,16 +340,6 @@ class RoutingCore:
         for w in self.recent:
             self.recent[w] *= keep
         self.recent[worker_id] = self.recent.get(worker_id, 0.0) + tokens
-        self.recent_requests = self.recent_requests * keep + 1.0
-
-    def _full_window_share(self) -> float:
-        """A worker's share of a *full* window: ``share_window`` requests of the mean
-        size seen. Until that much traffic has passed (a fresh router) the fair share
-        is smaller, and a handful of requests must not look like a large imbalance."""
-        if self.recent_requests <= 0:
-            return 0.0
-        mean = sum(self.recent.values()) / self.recent_requests
-        return self.config.weights.share_window * mean
 
     def first_token(self, request_id: str, now: float | None = None) -> bool:
         """The engine streamed the request's first token: its prefill leaves the backlog

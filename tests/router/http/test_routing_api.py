@@ -144,10 +144,17 @@ async def test_baselines_by_name(env: Env) -> None:
         r = await route(env, [*prefix, 100 + i], policy="longest_prefix")
         assert r.json()["worker_id"] == "a"
     r = await route(env, [*prefix, 7], policy="least_loaded")
-    # a carries 5 in-flight requests, b 2 (with uncached prompts still in its backlog,
-    # draining by the clock): whichever weighs less right now is chosen, cache or not.
+    # The kv_aware load term alone: a carries 5 in-flight requests (all hits), b 2 whose
+    # prompts are still to be prefilled; whichever weighs less wins, hits ignored.
     loads = {c["worker_id"]: c["load"] for c in r.json()["candidates"]}
-    assert loads["a"] != loads["b"]
+    lighter = min(loads, key=loads.__getitem__)
+    assert loads["a"] != loads["b"] and r.json()["worker_id"] == lighter
+    # A prompt cached only on the busier worker still goes to the lighter one (loads
+    # read from this decision: backlogs drain in wall time between the two).
+    other = list(range(9000, 9000 + 4 * BS))
+    await cache_on(env, "b" if lighter == "a" else "a", other)
+    r = await route(env, [*other, 1], policy="least_loaded")
+    loads = {c["worker_id"]: c["load"] for c in r.json()["candidates"]}
     assert r.json()["worker_id"] == min(loads, key=loads.__getitem__)
 
 

@@ -48,7 +48,7 @@ def test_held_tokens_weigh_by_size_not_by_count() -> None:
 
 
 def test_share_term_scales_with_the_request_and_the_deviation() -> None:
-    w = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=1.0)
+    w = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=1.0, share_prior=0.0)
     # "over" got 1.2x the fleet mean of recent tokens: 20% of a 1000-token request.
     over = WorkerView("over", hit_tokens=300, score=300.0, recent_tokens=1200.0)
     under = WorkerView("under", recent_tokens=800.0)
@@ -62,7 +62,7 @@ def test_share_term_scales_with_the_request_and_the_deviation() -> None:
 
 
 def _imbalance(share: float, seed: int = 3) -> float:
-    weights = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=share)
+    weights = PolicyWeights(backlog=0.0, decode=0.0, held=0.0, share=share, share_prior=0.0)
     core = RoutingCore(RoutingConfig(weights=weights, seed=seed, inflight_ttl_s=1e9))
     rng = random.Random(seed)
     totals = {"a": 0, "b": 0, "c": 0, "d": 0}
@@ -94,13 +94,20 @@ def test_recent_tokens_decay_over_the_window() -> None:
     assert abs(core.recent["a"] - 1000.0 * (7 / 8) ** 8) < 1e-6
 
 
-def test_a_fresh_router_keeps_a_prompt_where_its_cache_is() -> None:
-    """The share term is measured against a full window: on a fresh router, the worker
-    that took the first request does not look "2x over its share" and lose the repeat
-    of that prompt (which it holds) to an empty worker."""
+def test_a_fresh_router_does_not_balance_away_a_cache_hit() -> None:
+    # The first request ever went to "a": a is N times its "share" of recent tokens. With
+    # the prior (8 requests' worth) that is no reason to give up a half-cached prompt.
     core = RoutingCore(RoutingConfig(seed=0, inflight_ttl_s=1e9))
-    first = core.route("p1", list(range(1000)), [Score("a"), Score("b")], now=0.0)
-    core.finish("p1")
-    held = [Score(w, 992, 992, 992.0) if w == first.worker_id else Score(w) for w in "ab"]
-    again = core.route("p2", list(range(1000)), held, now=1.0)
-    assert again.worker_id == first.worker_id
+    scores = [Score(w) for w in "abcd"]
+    first = core.route("first", list(range(100)), scores, now=0.0).worker_id
+    core.finish("first", now=0.0)
+    half = [Score(w, 50, 50, 50.0) if w == first else Score(w) for w in "abcd"]
+    assert core.route("second", list(range(100)), half, now=0.0).worker_id == first
+    # Without the prior the same decision balances the hit away.
+    bare = RoutingCore(
+        RoutingConfig(weights=PolicyWeights(share_prior=0.0), seed=0, inflight_ttl_s=1e9)
+    )
+    first = bare.route("first", list(range(100)), scores, now=0.0).worker_id
+    bare.finish("first", now=0.0)
+    half = [Score(w, 50, 50, 50.0) if w == first else Score(w) for w in "abcd"]
+    assert bare.route("second", list(range(100)), half, now=0.0).worker_id != first
