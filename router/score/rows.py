@@ -5,12 +5,17 @@ The same fields, order and defaults as ``schemas.rest``'s ``GroupScore`` /
 of the validated pydantic model (tested) at a fraction of the cost -- /v1/score answers
 with it; ``Scorer.score`` still returns the pydantic model. Split from
 ``router.score.scorer`` so every path (per worker, columns, bitsets) builds the same rows
-without importing the scorer.
+without importing the scorer, and so do they decide alike which cohorts they can take
+(``bulk_metas``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
+
+from router.index.base import GroupMeta, WorkerSnapshot
 
 
 class GroupRow(msgspec.Struct):
@@ -37,3 +42,27 @@ class WorkerRow(msgspec.Struct):
 class ScoreResult(msgspec.Struct):
     request_tokens: int
     workers: list[WorkerRow]
+
+
+def bulk_metas(
+    snap: WorkerSnapshot, used: dict[int, int], readable: Callable[[int, GroupMeta], bool]
+) -> tuple[GroupMeta, ...] | None:
+    """A cohort's group metadata in group order when the bulk paths (numpy columns,
+    bitsets) can score it, else None: gapped group indices, EAGLE, partial-hash hits
+    (groups indexed per hash unit) and keys chained at another unit take the per-worker
+    path, which applies those rules exactly. ``readable(g, meta)``: the group's keys
+    were fetched for this request."""
+    groups = snap.groups
+    metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
+    unit = snap.hash_unit
+    if (
+        len(metas) != len(groups)
+        or snap.settings.eagle
+        or any(m.block_units > 1 for m in metas)
+        or any(
+            used.get(m.block_size) != (unit or m.block_size) or not readable(g, m)
+            for g, m in enumerate(metas)
+        )
+    ):
+        return None
+    return metas

@@ -42,7 +42,7 @@ from router.index.base import (
 from router.ingest.block_keys import request_keys
 from router.ingest.placement import block_keys_at
 from router.score.bits import cohort_rows
-from router.score.rows import GroupRow, ScoreResult, WorkerRow
+from router.score.rows import GroupRow, ScoreResult, WorkerRow, bulk_metas
 from router.score.rule import Plan, tier, truncate
 from router.score.vec import columns_rows
 from schemas.rest import ScoreResponse
@@ -191,17 +191,8 @@ class Scorer:
             if not groups:
                 out += [WorkerRow(w, 0, 0, 0.0, False) for w, _ in members]
                 continue
-            metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
-            unit = snap.hash_unit
-            if (
-                len(metas) != len(groups)
-                or snap.settings.eagle
-                or any(m.block_units > 1 for m in metas)  # partial-hash hits: per worker
-                or any(
-                    used.get(m.block_size) != (unit or m.block_size) or m.block_size not in keys
-                    for m in metas
-                )
-            ):
+            metas = bulk_metas(snap, used, lambda _, m: m.block_size in keys)
+            if metas is None:
                 rest += [w for w, _ in members]
                 continue
             plan = self._plan(metas)

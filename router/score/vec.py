@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from router.index.base import CPU_BIT, GPU_BIT, STORAGE_BIT, Columns, GroupMeta
-from router.score.rows import GroupRow, WorkerRow
+from router.score.rows import GroupRow, WorkerRow, bulk_metas
 from router.score.rule import Plan
 from schemas.hit_rule import GroupAcceptor, GroupSpec, longest_hit, max_candidate
 
@@ -159,18 +159,8 @@ def columns_rows(
         if not groups:
             out += [WorkerRow(w, 0, 0, 0.0, False) for w in cohort]
             continue
-        metas = tuple(groups[g] for g in range(len(groups)) if g in groups)
-        unit = snap.hash_unit
-        if (
-            len(metas) != len(groups)
-            or snap.settings.eagle
-            or any(m.block_units > 1 for m in metas)  # partial-hash hits: per worker
-            or any(
-                used.get(m.block_size) != (unit or m.block_size)
-                or (g, m.block_size) not in cols.matrices
-                for g, m in enumerate(metas)
-            )
-        ):
+        metas = bulk_metas(snap, used, lambda g, m: (g, m.block_size) in cols.matrices)
+        if metas is None:
             rest += cohort
             continue
         plan = plan_for(metas)
