@@ -42,7 +42,7 @@ MODEL = "kvroute-sim"
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:

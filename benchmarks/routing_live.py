@@ -44,18 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from openai import APITimeoutError, AsyncOpenAI
 
+from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, wait_http
 from router.netutil import free_ports
 from router.proxy.tiny_tokenizer import words
 
-REPO = Path(__file__).resolve().parent.parent
-TOKENIZER = REPO / "router/proxy/data/tiny"
-MODEL = "kvroute-sim"
 WAYS = ("kv_aware", "round_robin", "pinned")
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
 def conversations(args: argparse.Namespace) -> list[list[list[dict[str, str]]]]:
@@ -79,19 +72,6 @@ def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
         return subprocess.Popen(
             cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-
-
-async def wait_up(c: httpx.AsyncClient, url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if (await c.get(url, timeout=1)).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} not up after {timeout}s")
-        await asyncio.sleep(0.2)
 
 
 class Fleet:
@@ -123,7 +103,7 @@ class Fleet:
             )
         async with httpx.AsyncClient() as c:  # peers register workers once, at start-up
             for e in self.engines:
-                await wait_up(c, f"{e}/health")
+                await wait_http(f"{e}/health")
         front = ports[-1]
         if self.way in ("kv_aware", "round_robin"):
             self.procs.append(start([
@@ -151,7 +131,7 @@ class Fleet:
             self.front = f"http://127.0.0.1:{front}"
         async with httpx.AsyncClient() as c:
             if self.way in ("kv_aware", "round_robin"):
-                await wait_up(c, f"{self.front}/v1/models")
+                await wait_http(f"{self.front}/v1/models")
                 deadline = time.monotonic() + 60
                 while not all(
                     w["live"]
@@ -161,7 +141,7 @@ class Fleet:
                         raise RuntimeError("workers not live")
                     await asyncio.sleep(0.2)
             elif self.front:
-                await wait_up(c, f"{self.front}/health")
+                await wait_http(f"{self.front}/health")
                 await self._probe(c)
         return self
 
