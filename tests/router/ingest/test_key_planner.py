@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from _helpers import stored
 from _kv_streams import Harness, new_index, tokens, wire
 
 from router.index.base import EngineSettings
@@ -24,17 +25,7 @@ FULL, MAMBA = "full_attention", "mamba"
 def _store(
     hashes: list[int], toks: list[int], parent: int | None, bs: int, group: int, kind: str
 ) -> BlockStored:
-    return BlockStored(
-        block_hashes=hashes,
-        parent_block_hash=parent,
-        token_ids=toks,
-        block_size=bs,
-        lora_id=None,
-        medium="GPU",
-        lora_name=None,
-        group_idx=group,
-        kv_cache_spec_kind=kind,
-    )
+    return stored(hashes, toks, parent, block_size=bs, group=group, kind=kind)
 
 
 @pytest.fixture(params=["memory", "redis"])

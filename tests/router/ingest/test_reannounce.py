@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from _helpers import stored
 from _kv_streams import Harness, new_index, tokens, wire
 
 from router.index.base import EngineSettings
@@ -24,18 +25,8 @@ FULL, SWA = "full_attention", "sliding_window"
 def _store(
     hashes: list[int], toks: list[int], parent: int | None, group: int = 0, kind: str = FULL
 ) -> BlockStored:
-    return BlockStored(
-        block_hashes=hashes,
-        parent_block_hash=parent,
-        token_ids=toks,
-        block_size=B,
-        lora_id=None,
-        medium="GPU",
-        lora_name=None,
-        group_idx=group,
-        kv_cache_spec_kind=kind,
-        kv_cache_spec_sliding_window=32 if kind == SWA else None,
-    )
+    window = 32 if kind == SWA else None
+    return stored(hashes, toks, parent, block_size=B, group=group, kind=kind, window=window)
 
 
 def _removed(hashes: list[int], group: int = 0) -> BlockRemoved:
