@@ -44,12 +44,7 @@ class MemoryReads(IndexBackend):
         t = self._tables.get(g)
         if not t or not keys:
             return out
-        if full:
-            vals = list(map(t.get, keys))
-            if None in vals:
-                del vals[vals.index(None) :]
-        else:
-            vals = list(map(t.get, keys, repeat(0)))
+        vals = _values(t, keys, full)
         if not vals:
             return out
         n, width = len(vals), (ns + 1) // 2  # two slots per byte
@@ -69,12 +64,7 @@ class MemoryReads(IndexBackend):
         t = self._tables.get(g)
         if not t or not keys:
             return dict.fromkeys(slots, b"")
-        if full:
-            vals = list(map(t.get, keys))
-            if None in vals:
-                del vals[vals.index(None) :]
-        else:
-            vals = list(map(t.get, keys, repeat(0)))
+        vals = _values(t, keys, full)
         if not vals:
             return dict.fromkeys(slots, b"")
         width = (self._nslots + 1) // 2  # two slots per byte
@@ -163,3 +153,14 @@ class MemoryReads(IndexBackend):
                 c = cohorts[w.layout] = (w.snap, [])
             c[1].append((wid, w.slot))
         return Bits(list(cohorts.values()), unknown, self._tables, max(self._nslots, 1))
+
+
+def _values(table: dict[BlockKey, int], keys: Sequence[BlockKey], full: bool) -> list[int]:
+    """The table's values for ``keys`` in order (0 where absent); a full-attention group
+    stops before the first key no worker holds (no later key can be hit)."""
+    if not full:
+        return list(map(table.get, keys, repeat(0)))
+    vals = list(map(table.get, keys))
+    if None in vals:
+        del vals[vals.index(None) :]
+    return vals  # type: ignore[return-value]
