@@ -15,6 +15,7 @@ import json
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -28,6 +29,35 @@ from router.netutil import listen_socket
 from schemas import REPLAY_END_SEQ, BlockRemoved, BlockStored, KVEventBatch, encode_batch
 
 DEADLINE_S = 15.0
+
+
+@dataclass(frozen=True)
+class ScoreStub:
+    """A scorer row as the routing core reads it (``worker_id``, hits, score): routing
+    tests feed these instead of running an index."""
+
+    worker_id: str
+    hit_tokens: int = 0
+    hit_tokens_gpu: int = 0
+    score: float = 0.0
+
+
+def poll(
+    predicate: Callable[[], Any],
+    what: str = "",
+    timeout: float = DEADLINE_S,
+    interval: float = 0.02,
+) -> Any:
+    """Call ``predicate`` until truthy (for synchronous tests driving real processes);
+    fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
 
 
 async def wait_until(

@@ -18,15 +18,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
-from _helpers import stop_process
+from _helpers import poll, stop_process
 
 from router.config import RouterSettings
 from router.http import create_app
@@ -48,17 +47,6 @@ START_DEADLINE_S = 90.0  # torch import on a loaded 2-core machine
 DEADLINE_S = 30.0
 BLOCK = 16
 SYSTEM_PROMPT = list(range(1, 4 * BLOCK + 1))
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Engine:
@@ -134,7 +122,12 @@ class RouterThread:
             target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True
         )
         self.thread.start()
-        wait_for(lambda: self.server.started or not self.thread.is_alive(), "router start")
+        poll(
+            lambda: self.server.started or not self.thread.is_alive(),
+            "router start",
+            DEADLINE_S,
+            interval=0.05,
+        )
         assert self.thread.is_alive(), "router exited at start-up"
 
     def stop(self) -> None:
@@ -158,7 +151,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RouterThre
     try:
         router = RouterThread(period_s=0.5)
         for engine in engines:
-            wait_for(engine.healthy, f"engine {engine.worker_id} /health", START_DEADLINE_S)
+            poll(engine.healthy, f"engine {engine.worker_id} /health", START_DEADLINE_S, 0.05)
             r = httpx.post(f"{router.url}/v1/workers", json=engine.spec(), timeout=10)
             assert r.status_code == 201, r.text
         yield router, engines

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from _helpers import poll as _poll
 
 from router.netutil import free_ports
 
@@ -23,15 +23,8 @@ START_TIMEOUT_S = 120.0
 
 
 def poll(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Call ``predicate`` until truthy (failing with ``what`` at the deadline)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    """``_helpers.poll`` with the fleet's longer default deadline (real processes)."""
+    return _poll(predicate, what, timeout)
 
 
 def stop(proc: subprocess.Popen[bytes] | None, kill: bool = False) -> None:
@@ -121,13 +114,12 @@ def wait_caught_up(router: RouterProc, engine: EngineProc, timeout_s: float = 30
     """Until the router has applied every batch ``engine`` published so far (seqs count
     from 0): what an estimate taken next may rely on."""
     published = engine.stats()["publisher"]["published"]
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def caught_up() -> bool:
         r = httpx.get(f"{router.url}/v1/workers/{engine.worker_id}", timeout=10)
-        if r.json().get("last_seq", {}).get("0", -1) >= published - 1:
-            return
-        assert time.monotonic() < deadline, f"{engine.worker_id}: router behind {published}"
-        time.sleep(0.02)
+        return bool(r.json().get("last_seq", {}).get("0", -1) >= published - 1)
+
+    poll(caught_up, f"{engine.worker_id}: router caught up with {published}", timeout_s)
 
 
 def wait_live(router: RouterProc, workers: Iterable[str]) -> None:

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+
+from _helpers import ScoreStub as Score
 
 from router.routing.policy import PolicyWeights, RouteInput, WorkerView, make_policy
 from router.routing.state import RoutingConfig, RoutingCore
 
 ONLY_HELD = PolicyWeights(backlog=0.0, decode=0.0, held=0.05, share=0.0)
-
-
-@dataclass(frozen=True)
-class Score:
-    worker_id: str
-    hit_tokens: int = 0
-    hit_tokens_gpu: int = 0
-    score: float = 0.0
 
 
 def pick(views: list[WorkerView], weights: PolicyWeights, n: int = 1000) -> str:

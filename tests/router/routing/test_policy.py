@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass
 
 import pytest
+from _helpers import ScoreStub as Score
 
 from router.routing.policy import (
     POLICY_NAMES,
@@ -27,14 +27,6 @@ from router.routing.state import (
 )
 
 W = PolicyWeights()
-
-
-@dataclass(frozen=True)
-class Score:
-    worker_id: str
-    hit_tokens: int = 0
-    hit_tokens_gpu: int = 0
-    score: float = 0.0
 
 
 def hits(**by_worker: int) -> list[Score]:
