@@ -50,6 +50,15 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
 
+def report(result: dict[str, Any], table: str, json_path: str | None) -> None:
+    """Print the raw result and its table; keep the raw result at ``json_path``."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    print(table)
+    if json_path:
+        Path(json_path).write_text(text + "\n")
+
+
 async def wait_http(url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient() as c:
@@ -261,10 +270,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     result = asyncio.run(run(args))
-    print(json.dumps(result, indent=2))
-    print(summary(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    report(result, summary(result), args.json)
     return 0
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -49,7 +48,7 @@ import httpx
 import openai
 from tokenizers import Tokenizer
 
-from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, start, wait_http, wait_live
+from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, report, start, wait_http, wait_live
 from router.netutil import free_ports
 
 PEERS = REPO / ".venv-peers"
@@ -390,10 +389,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     result = asyncio.run(run(args))
-    print(json.dumps(result, indent=2))
-    print(table(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    report(result, table(result), args.json)
     return 0
 
 
