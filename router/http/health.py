@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Response
 
 from router.http.deps import ApiError, get_service
+from router.http.errors import INDEX_DOWN, responses
 from router.metrics import CONTENT_TYPE
 from router.service import RouterService
-from schemas.rest import ErrorResponse
 
 router = APIRouter(tags=["health"])
 
@@ -20,7 +20,7 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     summary="readiness: the index backend answers",
-    responses={503: {"model": ErrorResponse, "description": "index backend unavailable"}},
+    responses=responses(INDEX_DOWN),
 )
 async def readyz(service: RouterService = Depends(get_service)) -> dict[str, str]:
     if not await service.ready():

@@ -24,15 +24,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from router.http.deps import ApiError, require_read_key
+from router.http.errors import READ_KEY, error, responses
 from router.http.hub import StreamHub, SummaryBuilder, TooManyClients
-from schemas.rest import ErrorResponse
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     import uvicorn
 
-    from router.service import RouterService
+from router.service import RouterService
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,7 @@ def install(app: FastAPI, service: RouterService, *, period_s: float | None = No
         response_class=StreamingResponse,
         responses={
             200: {"content": {"text/event-stream": {}}},
-            401: {"model": ErrorResponse, "description": "API key missing (with api_key_all)"},
-            503: {"model": ErrorResponse, "description": "too many stream clients"},
+            **responses(READ_KEY, error(503, "too many stream clients")),
         },
         dependencies=[Depends(require_read_key)],
     )

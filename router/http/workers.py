@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from router.config import WorkerSpec
 from router.http.deps import ApiError, get_service, require_read_key, require_write_key
+from router.http.errors import READ_KEY, UNKNOWN_WORKER, WRITE_KEY, error, responses
 from router.service import (
     EndpointNotAllowed,
     InvalidEndpoint,
@@ -18,15 +19,9 @@ from router.service import (
     WorkerExists,
     WorkerStatus,
 )
-from schemas.rest import ErrorResponse, WorkerCreate
+from schemas.rest import WorkerCreate
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
-
-_ERRORS = {
-    401: {"model": ErrorResponse, "description": "API key missing or wrong"},
-    404: {"model": ErrorResponse, "description": "unknown worker"},
-}
-_READ_ERRORS = {401: {"model": ErrorResponse, "description": "API key missing (api_key_all)"}}
 
 
 class WorkerView(WorkerStatus):
@@ -54,13 +49,13 @@ def _view(request: Request, status: WorkerStatus) -> WorkerView:
     status_code=201,
     response_model=WorkerStatus,
     summary="register a worker and subscribe to its KV event stream",
-    responses={
-        401: _ERRORS[401],
-        403: {"model": ErrorResponse, "description": "endpoint outside worker_allow"},
-        409: {"model": ErrorResponse, "description": "worker id exists, or max_workers reached"},
-        422: {"model": ErrorResponse, "description": "invalid body or endpoint"},
-        503: {"model": ErrorResponse, "description": "sockets exhausted; retry later"},
-    },
+    responses=responses(
+        WRITE_KEY,
+        error(403, "endpoint outside worker_allow"),
+        error(409, "worker id exists, or max_workers reached"),
+        error(422, "invalid body or endpoint"),
+        error(503, "sockets exhausted; retry later"),
+    ),
     dependencies=[Depends(require_write_key)],
 )
 async def create_worker(
@@ -89,7 +84,7 @@ async def create_worker(
     "",
     response_model=WorkerStatusList,
     summary="every registered worker",
-    responses=_READ_ERRORS,
+    responses=responses(READ_KEY),
     dependencies=[Depends(require_read_key)],
 )
 async def list_workers(
@@ -102,7 +97,7 @@ async def list_workers(
     "/{worker_id}",
     response_model=WorkerView,
     summary="one worker",
-    responses={404: _ERRORS[404], **_READ_ERRORS},
+    responses=responses(READ_KEY, UNKNOWN_WORKER),
     dependencies=[Depends(require_read_key)],
 )
 async def get_worker(
@@ -116,7 +111,7 @@ async def get_worker(
     status_code=204,
     response_class=Response,
     summary="unsubscribe a worker and drop its index entries",
-    responses=_ERRORS,
+    responses=responses(WRITE_KEY, UNKNOWN_WORKER),
     dependencies=[Depends(require_write_key)],
 )
 async def delete_worker(worker_id: str, service: RouterService = Depends(get_service)) -> Response:
