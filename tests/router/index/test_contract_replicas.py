@@ -1,0 +1,115 @@
+"""The index contract across router replicas and restarts: what several routers sharing
+one Redis (or a restarted one) must agree on. Runs like test_contract.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _kv_streams import EventSource, Harness, new_index, tokens, wire
+
+W = "w1"
+BS = 16
+
+
+async def test_redis_restarted_router_serves_the_same_state(redis_url: str) -> None:
+    """Redis only: a restarted router (new objects, same server) scores and ingests on."""
+    src = EventSource("foreign")
+    toks = tokens(10 * BS + 1)
+    first = Harness.build(new_index("redis", redis_url))
+    second = Harness.build(new_index("redis", redis_url))
+    try:
+        await first.feed(
+            W,
+            src.store(toks, BS, 0, 6, group=0, kind="full_attention"),
+            src.store(toks, BS, 0, 6, group=1, kind="sliding_window", window=48),
+        )
+        before = await first.score(toks, [W])
+        assert before.workers[0].hit_tokens == 96
+        assert await second.score(toks, [W]) == before
+        assert await second.ingestor.hash_mode(W) == "canonical"
+        assert await second.ingestor.worker_groups(W) == await first.ingestor.worker_groups(W)
+        # Parents and removals resolve through the persisted map.
+        await second.feed(
+            W, src.store(toks, BS, 6, 10, group=0), src.store(toks, BS, 6, 10, group=1)
+        )
+        await second.feed(W, src.remove(toks, BS, [2], group=1))
+        assert second.ingestor.counters.unknown_parent == 0
+        assert (await second.one(toks, W)).hit_tokens == 160
+        await second.feed(W, src.remove(toks, BS, [8], group=1))
+        assert (await second.one(toks, W)).hit_tokens == 128
+        assert (await first.one(toks, W)).hit_tokens == 128
+    finally:
+        await first.index.close()
+        await second.index.close()
+
+
+async def test_each_published_batch_is_applied_once(make_harness: Any, backend_kind: str) -> None:
+    """With copies counted, applying a batch twice would double its stores: the index
+    records each (rank, seq) with its ops and skips one it has applied. Two replicas on
+    one Redis ingesting the same stream count every copy once."""
+    replicas = [make_harness()] + ([make_harness()] if backend_kind == "redis" else [])
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    store = wire(src.store(toks, BS, 0, 4))
+    remove = wire(src.remove(toks, BS, [3]))
+    for h in replicas:  # both replicas (or a retry) apply seq 0 and seq 1
+        await h.ingestor.apply_batch(W, store, [(0, 0, 0, 11)])
+        await h.ingestor.apply_batch(W, remove, [(0, 0, 1, 12)])
+    first = replicas[0]
+    # One copy of block 3 was stored, one removed: the block is gone.
+    assert (await first.one(toks, W)).hit_tokens == 3 * BS
+    assert await first.index.load_seqs(W) == {0: (1, 12)}
+    skipped = sum(h.ingestor.counters.batches_skipped for h in replicas)
+    assert skipped == 2 * (len(replicas) - 1)
+    await first.ingestor.apply_batch(W, store, [(0, 0, 1, 12)])  # an old seq: skipped
+    assert (await first.one(toks, W)).hit_tokens == 3 * BS
+    # A resync starts over: seqs are forgotten with the entries.
+    await first.ingestor.clear_worker(W)
+    assert await first.index.load_seqs(W) == {}
+    await first.ingestor.apply_batch(W, store, [(0, 0, 0, 11)])
+    assert (await first.one(toks, W)).hit_tokens == 4 * BS
+
+
+async def test_a_failed_redis_write_leaves_no_mapping_in_the_local_cache(redis_url: str) -> None:
+    """The client-side resolve cache learns a mapping only once Redis took the write."""
+    import redis as redis_sync
+
+    from router.index.redis import worker_prefix
+
+    h = Harness.build(new_index("redis", redis_url))
+    src = EventSource()
+    toks = tokens(2 * BS + 1)
+    client = redis_sync.Redis.from_url(redis_url)
+    client.set(worker_prefix(W) + "keys", "not a set")  # the APPLY script fails: WRONGTYPE
+    with pytest.raises(redis_sync.exceptions.ResponseError):
+        await h.ingestor.apply_batch(W, wire(src.store(toks, BS, 0, 2)))
+    client.delete(worker_prefix(W) + "keys")
+    hashes = src.hashes(toks, BS)
+    assert await h.index.resolve(W, BS, hashes) == [None, None]
+    await h.index.close()
+
+
+async def test_another_replicas_clear_voids_this_replicas_resolve_cache(redis_url: str) -> None:
+    """Two routers on one Redis: mappings one replica cached are not trusted once the
+    other cleared the worker (a restart at another hash unit: the same engine hashes
+    now name other keys) or removed and re-created it (issue 14, item 5)."""
+    from router.index.base import GPU_BIT, GroupMeta, StoreOp, WorkerState
+
+    a, b = new_index("redis", redis_url), new_index("redis", redis_url)
+    groups = {0: GroupMeta("full_attention", BS)}
+    await a.save_worker(W, WorkerState(dict(groups)))
+    await a.apply(W, groups, [StoreOp(0, GPU_BIT, [11, 12], [101, 102])])
+    assert await a.resolve(W, BS, [11, 12]) == [101, 102]
+
+    await b.clear_worker(W)
+    await b.apply(W, groups, [StoreOp(0, GPU_BIT, [11, 12], [201, 202])])
+    assert await a.resolve(W, BS, [11, 12]) == [201, 202]
+    assert await a.resolve(W, BS, [11, 12]) == [201, 202]  # now cached under the new epoch
+
+    await b.remove_worker(W)
+    await b.save_worker(W, WorkerState(dict(groups)))
+    await b.apply(W, groups, [StoreOp(0, GPU_BIT, [11], [301])])
+    assert await a.resolve(W, BS, [11, 12]) == [301, None]
+    await a.close()
+    await b.close()
