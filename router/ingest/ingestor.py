@@ -44,7 +44,7 @@ from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
-from router.ingest.partials import PendingPartials
+from router.ingest.partials import PendingPartials, register
 from router.ingest.reannounce import Unwritten, find_reannouncements
 from router.logging_setup import event_extra
 from router.ratelimited_log import RateLimitedLog
@@ -89,6 +89,7 @@ class Ingestor:
         # then one line a minute with the count suppressed meanwhile.
         self._limited = RateLimitedLog(log)
         self._partials: dict[str, PendingPartials] = {}  # partial entries not keyed yet
+        register(index, self._partials)  # scorers look them up by engine hash
 
     # -- worker lifecycle -------------------------------------------------------------
 
@@ -377,7 +378,8 @@ class Ingestor:
             c.partial_stores += 1
         c.unknown_parent += keyed.unknown_parent
         if keyed.partial_unknown_prefix:
-            pend.add(g, bit, ev, [h for h in ev.block_hashes if h not in keyed.hashes])
+            unkeyed = [h for h in ev.block_hashes if h not in keyed.hashes]
+            pend.add(g, bit, ev, unkeyed, state.hash_unit)
         c.unresolved_blocks += keyed.unresolved
         c.unplaced_blocks += keyed.unplaced
         if keyed.hashes:

@@ -1,4 +1,4 @@
-"""vLLM partial entries whose key is not known yet, held until a later store names it.
+"""vLLM partial entries whose key is not known yet, held by engine hash.
 
 Why: with partial-hash hits vLLM stores the prompt's last hash-unit boundary inside a
 block as a one-unit entry in *every* group, chained to a unit of that block that no
@@ -7,16 +7,24 @@ names the same engine hash -- typically the full-attention group's re-store of t
 after the block filled and was promoted, which carries the block's tokens -- but the
 other groups' copies are never sent again. So a copy that could not be keyed waits here
 (per worker, bounded) and is stored as soon as the map knows its hash; a removal that
-comes first takes the waiting copy instead, and a copy that leaves unresolved (removed,
-cleared, pushed out) is counted in ``partial_unknown_prefix``.
+comes first takes the waiting copy instead. Meanwhile the scorer finds waiting copies by
+the engine's own hash of the request's units (``router.score.partial_entries``), so a
+waiting copy is served, not lost: only one pushed out by the bound is counted in
+``partial_unknown_prefix``.
+
+The scorer reaches the waiting copies through ``waiting_partials(index)``: every
+``Ingestor`` of an index registers its per-worker tables there (in this process; a
+router replica that does not ingest a worker does not see them and under-estimates).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
+from weakref import WeakKeyDictionary
 
-from router.index.base import BlockKey, EngineHash, StoreOp
+from router.index.base import BlockKey, EngineHash, IndexBackend, StoreOp
 from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import KeyPlanner
 from schemas import BlockStored
@@ -34,11 +42,33 @@ class PendingPartials:
         self._cap = cap
         self._by_hash: OrderedDict[EngineHash, dict[tuple[int, int], int]] = OrderedDict()
         self._events: dict[EngineHash, BlockStored] = {}
+        self.unit: int | None = None  # the hash unit the waiting entries were stored at
+        # LoRA extra keys the engine hashes with (``("lora", name, path)``), by name:
+        # the router is told a request's adapter name only.
+        self.lora_keys: dict[str, tuple[Any, ...]] = {}
+        self.algo: str | None = None  # the engine's algorithm, once a lookup matched
 
     def __len__(self) -> int:
         return len(self._by_hash)
 
-    def add(self, group: int, bit: int, ev: BlockStored, hashes: Sequence[EngineHash]) -> None:
+    def slots(self, h: EngineHash) -> dict[tuple[int, int], int] | None:
+        """{(group, medium bit): copies} waiting under engine hash ``h``, or None."""
+        return self._by_hash.get(h)
+
+    def add(
+        self,
+        group: int,
+        bit: int,
+        ev: BlockStored,
+        hashes: Sequence[EngineHash],
+        unit: int | None = None,
+    ) -> None:
+        if unit is not None and unit != self.unit:
+            self.clear()
+            self.unit = unit
+        for item in ev.extra_keys[0] if ev.extra_keys and ev.extra_keys[0] else ():
+            if isinstance(item, list | tuple) and len(item) == 3 and item[0] == "lora":
+                self.lora_keys[str(item[1])] = ("lora", item[1], item[2])
         for h in hashes:
             slots = self._by_hash.setdefault(h, {})
             slots[(group, bit)] = slots.get((group, bit), 0) + 1
@@ -73,7 +103,7 @@ class PendingPartials:
 
     def take_removed(self, group: int, bit: int, hashes: Sequence[EngineHash]) -> list[EngineHash]:
         """The hashes of a removal the index must apply: a waiting copy is taken first
-        (the index never held it) and counted as lost."""
+        (the index never held it)."""
         if not self._by_hash:
             return list(hashes)
         rest: list[EngineHash] = []
@@ -84,7 +114,6 @@ class PendingPartials:
                 rest.append(h)
                 continue
             assert slots is not None
-            self._counters.partial_unknown_prefix += 1
             if n > 1:
                 slots[(group, bit)] = n - 1
                 continue
@@ -108,8 +137,22 @@ class PendingPartials:
 
     def clear(self) -> None:
         """The worker's entries went (AllBlocksCleared, a new hash unit): so do these."""
-        self._counters.partial_unknown_prefix += sum(
-            sum(s.values()) for s in self._by_hash.values()
-        )
         self._by_hash.clear()
         self._events.clear()
+
+
+# index -> the per-worker tables of every Ingestor writing to it (``register``).
+_REGISTRY: WeakKeyDictionary[IndexBackend, list[dict[str, PendingPartials]]] = WeakKeyDictionary()
+
+
+def register(index: IndexBackend, tables: dict[str, PendingPartials]) -> None:
+    """Make an Ingestor's waiting copies visible to scorers of the same index."""
+    _REGISTRY.setdefault(index, []).append(tables)
+
+
+def waiting_partials(index: IndexBackend, worker_id: str) -> Iterator[PendingPartials]:
+    """The non-empty tables of waiting copies for ``worker_id`` (usually none)."""
+    for tables in _REGISTRY.get(index, ()):
+        got = tables.get(worker_id)
+        if got:
+            yield got

@@ -31,12 +31,6 @@ KNOWN_GAPS: dict[str, tuple[int, dict[str, int], str]] = {
         {},
         "a skip-cache request recomputing a held prefix from 0 reads as a re-announcement",
     ),
-    "mamba_partial": (
-        151,
-        {"partial_unknown_prefix": 58},
-        "partial entries inside a 64-token block whose earlier units no event carried "
-        "before the probe (the 9 misses are under-estimates)",
-    ),
 }
 
 
