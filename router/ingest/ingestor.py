@@ -46,6 +46,7 @@ from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
 from router.ingest.partials import PendingPartials, register
 from router.ingest.reannounce import Unwritten, find_reannouncements
+from router.ingest.recomputes import RecomputeLog
 from router.logging_setup import event_extra
 from router.ratelimited_log import RateLimitedLog
 from schemas import (
@@ -90,6 +91,7 @@ class Ingestor:
         self._limited = RateLimitedLog(log)
         self._partials: dict[str, PendingPartials] = {}  # partial entries not keyed yet
         register(index, self._partials)  # scorers look them up by engine hash
+        self._recomputes: dict[str, RecomputeLog] = {}  # report_full workers only
 
     # -- worker lifecycle -------------------------------------------------------------
 
@@ -108,6 +110,7 @@ class Ingestor:
         state = await self._state(worker_id)
         await self.index.clear_worker(worker_id)
         self._pending(worker_id).clear()
+        self._recomputes.pop(worker_id, None)
         self.counters.worker_clears += 1
         if state.hash_mode != "unknown":
             state.hash_mode = "unknown"
@@ -135,6 +138,7 @@ class Ingestor:
         self._states.pop(worker_id, None)
         self._recent.pop(worker_id, None)
         self._pending(worker_id).clear()
+        self._recomputes.pop(worker_id, None)
         await self.index.remove_worker(worker_id)
 
     async def worker_groups(self, worker_id: str) -> dict[int, GroupInfo]:
@@ -306,7 +310,9 @@ class Ingestor:
                 partial(self._kind, state),
                 [m[0] for m in marks],
                 delta,
+                self._recomputes.setdefault(worker_id, RecomputeLog()),
             )
+        fixes = self._recomputes[worker_id].fixes if state.settings.report_full else {}
         keyed = planner.run()
         recent.extend((t, u) for t, u, here in planner.ranges if here)
 
@@ -314,6 +320,7 @@ class Ingestor:
         for i, ev in enumerate(batch.events):
             while pending and pending[-1][0] <= i:
                 ops.append(SeqOp(*pending.pop()[1:]))
+            ops += fixes.get(i, ())  # copies a recompute was denied (router.ingest.recomputes)
             if isinstance(ev, BlockStored):
                 c.events_stored += 1
                 self._store(state, ev, keyed.get(i), ops, pend)
