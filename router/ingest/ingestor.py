@@ -90,7 +90,7 @@ class Ingestor:
         # then one line a minute with the count suppressed meanwhile.
         self._limited = RateLimitedLog(log)
         self._partials: dict[str, PendingPartials] = {}  # partial entries not keyed yet
-        register(index, self._partials)  # scorers look them up by engine hash
+        self._waiting = register(index, self._partials)  # scorers look them up
         self._recomputes: dict[str, RecomputeLog] = {}  # report_full workers only
 
     # -- worker lifecycle -------------------------------------------------------------
@@ -167,7 +167,9 @@ class Ingestor:
     def _pending(self, worker_id: str) -> PendingPartials:
         got = self._partials.get(worker_id)
         if got is None:
-            got = self._partials[worker_id] = PendingPartials(self.counters)
+            got = self._partials[worker_id] = PendingPartials(
+                self.counters, worker=worker_id, active=self._waiting
+            )
         return got
 
     def _bad(self, why: str) -> None:

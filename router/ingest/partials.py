@@ -37,9 +37,19 @@ class PendingPartials:
     the store that announced them (to place it by its tokens once a later store shows
     its block)."""
 
-    def __init__(self, counters: IngestCounters, cap: int = PENDING_CAP) -> None:
+    def __init__(
+        self,
+        counters: IngestCounters,
+        cap: int = PENDING_CAP,
+        worker: str | None = None,
+        active: dict[str, int] | None = None,
+    ) -> None:
         self._counters = counters
         self._cap = cap
+        # The index's count of non-empty tables per worker (``register``): scorers skip
+        # the lookup without touching a table when no worker has waiting entries.
+        self._watch = (worker, active) if worker is not None and active is not None else None
+        self._on = False
         self._by_hash: OrderedDict[EngineHash, dict[tuple[int, int], int]] = OrderedDict()
         self._events: dict[EngineHash, BlockStored] = {}
         self.unit: int | None = None  # the hash unit the waiting entries were stored at
@@ -50,6 +60,19 @@ class PendingPartials:
 
     def __len__(self) -> int:
         return len(self._by_hash)
+
+    def _sync(self) -> None:
+        """Keep the index's count of non-empty tables (``active``) in step."""
+        on = bool(self._by_hash)
+        if on == self._on or self._watch is None:
+            return
+        self._on = on
+        worker, active = self._watch
+        n = active.get(worker, 0) + (1 if on else -1)
+        if n > 0:
+            active[worker] = n
+        else:
+            active.pop(worker, None)
 
     def slots(self, h: EngineHash) -> dict[tuple[int, int], int] | None:
         """{(group, medium bit): copies} waiting under engine hash ``h``, or None."""
@@ -77,6 +100,7 @@ class PendingPartials:
             h, slots = self._by_hash.popitem(last=False)
             self._events.pop(h, None)
             self._counters.partial_unknown_prefix += sum(slots.values())
+        self._sync()
 
     def place(self, planner: KeyPlanner, known: dict[EngineHash, BlockKey]) -> None:
         """Key the waiting entries whose parent this batch keyed (the partial entry one
@@ -121,6 +145,7 @@ class PendingPartials:
             if not slots:
                 del self._by_hash[h]
                 self._events.pop(h, None)
+        self._sync()
         return rest
 
     def ready(self, known: dict[EngineHash, BlockKey]) -> list[StoreOp]:
@@ -133,26 +158,50 @@ class PendingPartials:
             for (group, bit), n in self._by_hash.pop(h).items():
                 ops += [StoreOp(group, bit, [h], [known[h]])] * n
                 self._counters.partial_late += n
+        self._sync()
         return ops
 
     def clear(self) -> None:
         """The worker's entries went (AllBlocksCleared, a new hash unit): so do these."""
         self._by_hash.clear()
         self._events.clear()
+        self._sync()
 
 
-# index -> the per-worker tables of every Ingestor writing to it (``register``).
-_REGISTRY: WeakKeyDictionary[IndexBackend, list[dict[str, PendingPartials]]] = WeakKeyDictionary()
+class Waiting:
+    """An index's waiting copies: the per-worker tables of every Ingestor writing to it,
+    and how many of them are non-empty per worker (what a scorer checks first)."""
+
+    def __init__(self) -> None:
+        self.tables: list[dict[str, PendingPartials]] = []
+        self.active: dict[str, int] = {}
 
 
-def register(index: IndexBackend, tables: dict[str, PendingPartials]) -> None:
-    """Make an Ingestor's waiting copies visible to scorers of the same index."""
-    _REGISTRY.setdefault(index, []).append(tables)
+_REGISTRY: WeakKeyDictionary[IndexBackend, Waiting] = WeakKeyDictionary()
+
+
+def register(index: IndexBackend, tables: dict[str, PendingPartials]) -> dict[str, int]:
+    """Make an Ingestor's waiting copies visible to scorers of the same index; returns
+    the count of non-empty tables per worker its tables keep up to date."""
+    waiting = _REGISTRY.get(index)
+    if waiting is None:
+        waiting = _REGISTRY[index] = Waiting()
+    waiting.tables.append(tables)
+    return waiting.active
+
+
+def active_workers(index: IndexBackend) -> dict[str, int]:
+    """Workers with waiting copies (usually none): a dict lookup per call."""
+    waiting = _REGISTRY.get(index)
+    return waiting.active if waiting is not None else {}
 
 
 def waiting_partials(index: IndexBackend, worker_id: str) -> Iterator[PendingPartials]:
-    """The non-empty tables of waiting copies for ``worker_id`` (usually none)."""
-    for tables in _REGISTRY.get(index, ()):
+    """The non-empty tables of waiting copies for ``worker_id``."""
+    waiting = _REGISTRY.get(index)
+    if waiting is None or worker_id not in waiting.active:
+        return
+    for tables in waiting.tables:
         got = tables.get(worker_id)
         if got:
             yield got

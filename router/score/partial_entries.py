@@ -24,7 +24,7 @@ from typing import Any
 
 from router.index.base import IndexBackend, WorkerSnapshot
 from router.ingest.block_keys import request_keys
-from router.ingest.partials import PendingPartials, waiting_partials
+from router.ingest.partials import PendingPartials, active_workers, waiting_partials
 from schemas.hashing import HASH_ALGOS, NONE_HASH_SEED, external_hash, hash_block
 
 # worker id -> [(group, unit index, medium bits)] the request reaches
@@ -93,9 +93,12 @@ def partial_hits(
 ) -> Overlay:
     """Per worker, the waiting partial entries this request's units name (usually
     nothing: only workers with waiting entries are hashed)."""
+    active = active_workers(index)
+    if not active:
+        return {}
     out: Overlay = {}
     memo: dict[tuple[Any, ...], list[int]] = {}
-    for wid in worker_ids:
+    for wid in active.keys() & set(worker_ids) if len(worker_ids) > len(active) else worker_ids:
         for pend in waiting_partials(index, wid):
             found = _match(pend, token_ids, lora_name, cache_salt, chains, memo)
             if found:

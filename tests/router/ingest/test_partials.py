@@ -8,7 +8,7 @@ from _kv_streams import new_index, tokens
 from router.index.base import CPU_BIT, GPU_BIT
 from router.ingest.counters import IngestCounters
 from router.ingest.ingestor import Ingestor
-from router.ingest.partials import PendingPartials, waiting_partials
+from router.ingest.partials import PendingPartials, active_workers, waiting_partials
 from schemas import BlockStored
 
 UNIT = 16
@@ -42,6 +42,12 @@ def test_every_ingestor_of_an_index_is_visible_to_its_scorers() -> None:
     assert [t.slots(12) for t in got] == [None, {(1, CPU_BIT): 1}]
     assert all(t.slots(13) is None for t in got)
     assert list(waiting_partials(index, "idle")) == []
+    # Scorers check this first: workers with a non-empty table, counted per table.
+    assert active_workers(index) == {"w": 2} and active_workers(other) == {"w": 1}
+    assert a._pending("w").take_removed(0, GPU_BIT, [11]) == []
+    b._pending("w").clear()
+    assert active_workers(index) == {}
+    assert list(waiting_partials(index, "w")) == []
 
 
 def test_only_copies_pushed_out_by_the_bound_are_lost() -> None:
