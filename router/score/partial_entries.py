@@ -10,10 +10,11 @@ which vLLM uses for cryptographic algorithms when ``PYTHONHASHSEED`` is unset) n
 each unit by the engine hash the entry was stored under. The wire carries only the low
 64 bits of a digest, so the chain is always computed from the request's first token.
 
-Cost: one sha256 per request unit, only for workers holding waiting entries, and the
-digests are cached by the router's own unit key (a follow-up turn hashes only its new
-units). The overlay is a read-only view: matched entries set their medium bit in the
-group's per-unit mask of that request's snapshot.
+Cost: one sha256 per request unit up to the block after the worker's run of whole
+blocks (where vLLM looks for a partial entry), only for workers holding waiting
+entries, and the digests are cached by the router's own unit key (a follow-up turn
+hashes only its new units). The overlay is a read-only view: matched entries set their
+medium bit in the group's per-unit mask of that request's snapshot.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from router.index.base import IndexBackend, WorkerSnapshot
 from router.ingest.block_keys import request_keys
 from router.ingest.partials import PendingPartials, active_workers, waiting_partials
 from schemas.hashing import HASH_ALGOS, NONE_HASH_SEED, external_hash, hash_block
+from schemas.hit_rule import FULL_KINDS
 
 # worker id -> [(group, unit index, medium bits)] the request reaches
 Overlay = dict[str, list[tuple[int, int, int]]]
@@ -83,62 +85,114 @@ def _unit_extra_keys(
 _CHAINS = EngineChains()
 
 
-def partial_hits(
-    index: IndexBackend,
-    worker_ids: Sequence[str],
-    token_ids: Sequence[int],
-    lora_name: str | None = None,
-    cache_salt: str | None = None,
-    chains: EngineChains = _CHAINS,
-) -> Overlay:
-    """Per worker, the waiting partial entries this request's units name (usually
-    nothing: only workers with waiting entries are hashed)."""
-    active = active_workers(index)
-    if not active:
-        return {}
-    out: Overlay = {}
-    memo: dict[tuple[Any, ...], list[int]] = {}
-    for wid in active.keys() & set(worker_ids) if len(worker_ids) > len(active) else worker_ids:
-        for pend in waiting_partials(index, wid):
-            found = _match(pend, token_ids, lora_name, cache_salt, chains, memo)
+class PartialLookup:
+    """One request's lookup of waiting entries, for the workers that have some."""
+
+    def __init__(
+        self,
+        index: IndexBackend,
+        workers: list[str],
+        token_ids: Sequence[int],
+        lora_name: str | None,
+        cache_salt: str | None,
+        chains: EngineChains,
+    ) -> None:
+        self.index = index
+        self.workers = workers
+        self.token_ids = token_ids
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self.chains = chains
+        self._memo: dict[tuple[Any, ...], list[int]] = {}
+
+    @classmethod
+    def open(
+        cls,
+        index: IndexBackend,
+        worker_ids: Sequence[str],
+        token_ids: Sequence[int],
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        chains: EngineChains = _CHAINS,
+    ) -> PartialLookup | None:
+        """None (a dict lookup) unless one of ``worker_ids`` has waiting entries."""
+        active = active_workers(index)
+        if not active:
+            return None
+        workers = [w for w in worker_ids if w in active]
+        if not workers:
+            return None
+        return cls(index, workers, token_ids, lora_name, cache_salt, chains)
+
+    def apply(self, snaps: dict[str, WorkerSnapshot | None]) -> None:
+        """Add the waiting entries each worker's snapshot can reach to its masks."""
+        found: Overlay = {}
+        for wid in self.workers:
+            snap = snaps.get(wid)
+            if snap is None or not snap.hash_unit:
+                continue
+            limit = _units_needed(snap, len(self.token_ids))
+            for pend in waiting_partials(self.index, wid):
+                if pend.unit == snap.hash_unit:
+                    found.setdefault(wid, []).extend(self._match(pend, limit))
+        overlay(snaps, found)
+
+    def _match(self, pend: PendingPartials, limit: int) -> list[tuple[int, int, int]]:
+        unit = pend.unit
+        assert unit is not None
+        lora_key = None
+        if self.lora_name is not None:
+            lora_key = pend.lora_keys.get(self.lora_name)
+            if lora_key is None:  # no waiting entry of this adapter
+                return []
+        for algo in (pend.algo,) if pend.algo else HASH_ALGOS:
+            hashes = self._hashes(algo, unit, lora_key, limit)
+            found = [
+                (g, j, bit)
+                for j, h in enumerate(hashes)
+                if (slots := pend.slots(h))
+                for (g, bit), n in slots.items()
+                if n > 0
+            ]
             if found:
-                out.setdefault(wid, []).extend(found)
-    return out
-
-
-def _match(
-    pend: PendingPartials,
-    token_ids: Sequence[int],
-    lora_name: str | None,
-    cache_salt: str | None,
-    chains: EngineChains,
-    memo: dict[tuple[Any, ...], list[int]],
-) -> list[tuple[int, int, int]]:
-    unit = pend.unit
-    if not unit or len(token_ids) < unit:
+                pend.algo = algo
+                return found
         return []
-    lora_key = None
-    if lora_name is not None:
-        lora_key = pend.lora_keys.get(lora_name)
-        if lora_key is None:  # no waiting entry of this adapter
-            return []
-    for algo in (pend.algo,) if pend.algo else HASH_ALGOS:
+
+    def _hashes(
+        self, algo: str, unit: int, lora_key: tuple[Any, ...] | None, limit: int
+    ) -> list[int]:
+        """The engine hashes of the request's first ``limit`` units (memoised)."""
         mk = (algo, unit, lora_key)
-        hashes = memo.get(mk)
-        if hashes is None:
-            rkeys = request_keys(token_ids, unit, lora_name, cache_salt)
-            hashes = memo[mk] = chains.external(algo, token_ids, unit, lora_key, cache_salt, rkeys)
-        found = [
-            (g, j, bit)
-            for j, h in enumerate(hashes)
-            if (slots := pend.slots(h))
-            for (g, bit), n in slots.items()
-            if n > 0
-        ]
-        if found:
-            pend.algo = algo
-            return found
-    return []
+        got = self._memo.get(mk)
+        if got is None or len(got) < limit:
+            toks = self.token_ids
+            rkeys = request_keys(toks[: limit * unit], unit, self.lora_name, self.cache_salt)
+            got = self._memo[mk] = self.chains.external(
+                algo, toks, unit, lora_key, self.cache_salt, rkeys
+            )
+        return got[:limit]
+
+
+def _units_needed(snap: WorkerSnapshot, n: int) -> int:
+    """How many of the request's units a waiting entry can matter at: up to the block
+    after the run of whole blocks the fine full-attention groups hold (vLLM looks for a
+    partial entry there only, ``schemas.hit_rule.fine_reach``); every unit without such
+    a group."""
+    unit = snap.hash_unit or 1
+    cap = max(n - 1, 0) // unit
+    need: int | None = None
+    for g, meta in snap.groups.items():
+        if meta.block_units <= 1 or meta.kind not in FULL_KINDS:
+            continue
+        k = meta.block_units
+        mask = snap.masks.get(g, b"")
+        blocks, top = 0, min(cap, len(mask)) // k
+        while blocks < top and mask[blocks * k + k - 1]:
+            blocks += 1
+        reach = min(blocks * k + k - 1, cap)
+        need = reach if need is None else min(need, reach)
+    return cap if need is None else need
 
 
 def overlay(snaps: dict[str, WorkerSnapshot | None], found: Overlay) -> None:

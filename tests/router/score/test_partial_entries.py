@@ -16,6 +16,7 @@ from _helpers import stored
 from _kv_streams import Harness, new_index, tokens
 
 from router.index.base import EngineSettings
+from router.score import partial_entries
 from router.score.partial_entries import EngineChains
 from schemas import BlockRemoved, BlockStored
 from schemas.hashing import NONE_HASH_SEED, external_hash, hash_block
@@ -108,3 +109,22 @@ def test_digests_are_cached_by_the_router_key() -> None:
     assert chains.external("sha256", toks, UNIT, None, None, keys) == engine_hashes(toks)
     assert len(chains._cache) == 4  # bounded
     assert chains.external("sha256", toks, UNIT, None, None, keys) == engine_hashes(toks)
+
+
+async def test_only_units_up_to_the_block_after_the_held_run_are_hashed(
+    harness: Harness,
+) -> None:
+    """vLLM looks for a partial entry only inside the block after the run of whole
+    blocks, so that bounds the hashing (digests cached per router key: counted here)."""
+    toks = tokens(256, seed=15)
+    await _held(harness, toks, engine_hashes(toks))
+    cache = partial_entries._CHAINS._cache
+    cache.clear()  # shared by the process: the other backend's run hashed these too
+    before = 0
+    fresh = tokens(256, seed=16)  # no whole block held: units 0-2 of block 0, both algos
+    assert (await harness.one(fresh, "w")).hit_tokens == 0
+    assert len(cache) - before == 2 * 3
+    before = len(cache)
+    # Blocks 0-1 held: units 0-10 (block 2 up to its last unit), sha256 matches first.
+    assert (await harness.one(toks, "w")).hit_tokens == 176
+    assert len(cache) - before == 11
