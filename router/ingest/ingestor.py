@@ -300,6 +300,7 @@ class Ingestor:
         self._learn_unit(state, batch, ops, known)
         if ops:  # a new hash unit voided every key
             pend.clear()
+            self._recomputes.pop(worker_id, None)
         await self._resolve(worker_id, state, batch, known)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
