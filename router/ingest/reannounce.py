@@ -180,13 +180,11 @@ async def find_reannouncements(
         if proves and isinstance(ev, BlockStored) and _continues(ev):
             rec = log.follows(_group(ev), ev.parent_block_hash)
             x = ev.block_hashes[0]
-            if (
-                rec is not None
-                and held(rec.group, x)
-                and not log.stored_since(rec.group, x, rec.pos)
-            ):
+            if rec is not None and held(rec.group, x) and log.proves(rec, x):
                 for g, hashes in log.correct(i, rec):
                     delta.store(g, hashes)
+        if isinstance(ev, BlockStored) and ev.block_hashes and _on_gpu(ev):
+            log.note_end(_group(ev), ev.block_hashes[-1])
         if i not in out:  # a re-announcement names blocks already cached: no change
             if isinstance(ev, BlockStored) and _on_gpu(ev):
                 delta.store(_group(ev), ev.block_hashes)

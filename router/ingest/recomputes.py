@@ -17,7 +17,13 @@ matched block, so a request that read the cache recomputes that block too.
 
 Kept safe: a block of the chain start removed since is not given its copy back (the
 removal may have taken the copy the index lacked), and a continuation whose first block
-was stored again after the chain start proves nothing (it may not have been held then).
+was stored after the chain start -- or after any earlier store that ended where the
+continuation starts, which may be the continuing request's own earlier chunk, its
+lookup made before that block existed -- proves nothing. Such an earlier store is
+forgotten once a copy of its last block is removed (a running request's blocks cannot
+be evicted); what is not covered: that request still running while a second copy of the
+same block, computed by another request, is evicted -- then a re-announcement of exactly
+that prefix and its next chunk could add a copy too many.
 """
 
 from __future__ import annotations
@@ -42,14 +48,16 @@ class Record:
 
 
 class RecomputeLog:
-    """Per worker: recent re-announcement calls, and when each (group, hash) was last
-    stored or removed on GPU since the oldest of them (stream positions)."""
+    """Per worker: recent re-announcement calls, and for the last ``RECORD_AGE``-odd
+    events (stream positions) when each (group, hash) was last stored or removed on GPU
+    and when a store first ended at it."""
 
     def __init__(self) -> None:
         self.pos = 0
         self.records: dict[tuple[int, EngineHash], Record] = {}
         self._stored: dict[tuple[int, EngineHash], int] = {}
         self._removed: dict[tuple[int, EngineHash], int] = {}
+        self._ends: dict[tuple[int, EngineHash], int] = {}
         # This batch's corrections, by the index of the event they go before.
         self.fixes: dict[int, list[StoreOp]] = {}
 
@@ -65,14 +73,25 @@ class RecomputeLog:
         return self.records.get((group, parent))
 
     def note(self, group: int, hashes: list[EngineHash], stored: bool) -> None:
-        if not self.records:
-            return
         log = self._stored if stored else self._removed
         for h in hashes:
             log[(group, h)] = self.pos
+            if not stored:
+                # A running request's blocks cannot be evicted: whatever store ended
+                # here is no chunk of a request still computing (but see the doc).
+                self._ends.pop((group, h), None)
 
-    def stored_since(self, group: int, h: EngineHash, pos: int) -> bool:
-        return self._stored.get((group, h), -1) >= pos
+    def note_end(self, group: int, last: EngineHash) -> None:
+        """A store (or re-announcement) ends at ``last``: a request may continue it."""
+        self._ends.setdefault((group, last), self.pos)
+
+    def proves(self, rec: Record, first: EngineHash) -> bool:
+        """A continuation of ``rec``'s last block starting with ``first`` (held now)
+        proves a recompute when ``first`` was stored before any store ended where the
+        continuation starts: whichever earlier chunk the continuing request computed,
+        ``first`` was held when that request looked the cache up."""
+        start = self._ends.get((rec.group, rec.last), rec.pos)
+        return self._stored.get((rec.group, first), -1) < min(start, rec.pos)
 
     def correct(self, i: int, rec: Record) -> list[tuple[int, list[EngineHash]]]:
         """Give ``rec``'s blocks their copy back (before event ``i``); returns what was
@@ -94,20 +113,17 @@ class RecomputeLog:
     def advance(self) -> None:
         """One event processed; forget what is too old to matter."""
         self.pos += 1
-        if not self.records:
-            self._stored.clear()
-            self._removed.clear()
-            return
         oldest = self.pos - RECORD_AGE
-        if next(iter(self.records.values())).pos < oldest:
+        if self.records and next(iter(self.records.values())).pos < oldest:
             self.records = {k: r for k, r in self.records.items() if r.pos >= oldest}
-        if len(self._stored) + len(self._removed) > LOG_CAP:
-            first = min((r.pos for r in self.records.values()), default=self.pos)
-            self._stored = {k: p for k, p in self._stored.items() if p >= first}
-            self._removed = {k: p for k, p in self._removed.items() if p >= first}
+        if len(self._stored) + len(self._removed) + len(self._ends) > LOG_CAP:
+            self._stored = {k: p for k, p in self._stored.items() if p >= oldest}
+            self._removed = {k: p for k, p in self._removed.items() if p >= oldest}
+            self._ends = {k: p for k, p in self._ends.items() if p >= oldest}
 
     def clear(self) -> None:
         """AllBlocksCleared: nothing before it can be corrected."""
         self.records.clear()
         self._stored.clear()
         self._removed.clear()
+        self._ends.clear()

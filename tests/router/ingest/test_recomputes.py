@@ -125,3 +125,32 @@ async def test_hybrid_workers_are_not_corrected(harness: Harness) -> None:
     assert harness.ingestor.counters.reannounced_blocks == 4
     await harness.feed("w", _store([3, 4], toks[32:64], 2), _store([3, 4], toks[32:64], 2, 1, SWA))
     assert await _copies(harness, toks, 4) == [1, 1, 2, 1]
+
+
+async def test_a_chunked_request_whose_lookup_predates_the_block_proves_nothing(
+    harness: Harness,
+) -> None:
+    """Q reads the cache (miss) and computes blocks 1-2; P, same prefix, hits them and
+    computes block 3; R re-announces blocks 1-2 (its hit); Q's next chunk computes block
+    3 again -- held since before R, but not when Q looked up."""
+    toks = tokens(120, seed=27)
+    await harness.feed("w", _store([1, 2], toks[:32], None), _store([3, 9], toks[32:64], 2))
+    await harness.feed("w", _store([1, 2], toks[:32], None))  # R: a re-announcement
+    assert harness.ingestor.counters.reannounced_blocks == 2
+    await harness.feed("w", _store([3, 4], toks[32:64], 2))
+    assert await _copies(harness, toks, 3) == [1, 1, 2]
+
+
+async def test_a_store_ending_there_long_ago_is_forgotten_once_evicted(
+    harness: Harness,
+) -> None:
+    """An old request ended at block 2 (then decoded block 3); all evicted since (a
+    running request's blocks cannot be), so it is not the continuing request."""
+    toks = tokens(120, seed=28)
+    await harness.feed("w", _store([1, 2], toks[:32], None))
+    await harness.feed("w", _store([3], toks[32:48], 2))
+    await harness.feed("w", _removed([3]), _removed([2]), _removed([1]))
+    await harness.feed("w", _store([1, 2, 3, 4], toks[:64], None))
+    await harness.feed("w", _store([1, 2], toks[:32], None))  # a skip request's chunk
+    await harness.feed("w", _store([3, 4, 5], toks[32:80], 2))  # its next
+    assert await _copies(harness, toks, 5) == [2, 2, 2, 2, 1]
