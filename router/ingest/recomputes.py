@@ -90,8 +90,11 @@ class RecomputeLog:
         proves a recompute when ``first`` was stored before any store ended where the
         continuation starts: whichever earlier chunk the continuing request computed,
         ``first`` was held when that request looked the cache up."""
+        stored = self._stored.get((rec.group, first))
+        if stored is None:  # stored before what the log holds: when is unknown
+            return False
         start = self._ends.get((rec.group, rec.last), rec.pos)
-        return self._stored.get((rec.group, first), -1) < min(start, rec.pos)
+        return stored < min(start, rec.pos)
 
     def correct(self, i: int, rec: Record) -> list[tuple[int, list[EngineHash]]]:
         """Give ``rec``'s blocks their copy back (before event ``i``); returns what was
@@ -116,10 +119,15 @@ class RecomputeLog:
         oldest = self.pos - RECORD_AGE
         if self.records and next(iter(self.records.values())).pos < oldest:
             self.records = {k: r for k, r in self.records.items() if r.pos >= oldest}
-        if len(self._stored) + len(self._removed) + len(self._ends) > LOG_CAP:
-            self._stored = {k: p for k, p in self._stored.items() if p >= oldest}
-            self._removed = {k: p for k, p in self._removed.items() if p >= oldest}
-            self._ends = {k: p for k, p in self._ends.items() if p >= oldest}
+        if self.pos % 1024 == 0:  # amortised: a scan of the log
+            age = RECORD_AGE
+            while age and len(self._stored) + len(self._removed) + len(self._ends) > LOG_CAP:
+                cut = self.pos - age
+                self._stored = {k: p for k, p in self._stored.items() if p >= cut}
+                self._removed = {k: p for k, p in self._removed.items() if p >= cut}
+                self._ends = {k: p for k, p in self._ends.items() if p >= cut}
+                self.records = {k: r for k, r in self.records.items() if r.pos >= cut}
+                age //= 2
 
     def clear(self) -> None:
         """AllBlocksCleared: nothing before it can be corrected."""

@@ -18,6 +18,7 @@ from _kv_streams import Harness, new_index, tokens, wire
 
 from router.index.base import GPU_BIT, EngineSettings
 from router.ingest.block_keys import request_keys
+from router.ingest.recomputes import LOG_CAP, RECORD_AGE, RecomputeLog, Record
 from schemas import BlockRemoved, BlockStored
 
 B = 16
@@ -154,3 +155,20 @@ async def test_a_store_ending_there_long_ago_is_forgotten_once_evicted(
     await harness.feed("w", _store([1, 2], toks[:32], None))  # a skip request's chunk
     await harness.feed("w", _store([3, 4, 5], toks[32:80], 2))  # its next
     assert await _copies(harness, toks, 5) == [2, 2, 2, 2, 1]
+
+
+def test_the_log_stays_bounded_and_forgets_safely() -> None:
+    """Pruned or never seen, a block's store time is unknown: no proof from it."""
+    log = RecomputeLog()
+    log.record(Record(0, 0, 7, [(0, [6, 7], [60, 70])]))
+    log.note(0, [8], stored=True)
+    for i in range(RECORD_AGE * 20):
+        log.note(0, [1000 + i, 2000 + i, 3000 + i], stored=True)
+        log.advance()
+    assert len(log._stored) <= LOG_CAP and not log.records
+    rec = Record(log.pos, 0, 7, [(0, [6, 7], [60, 70])])
+    log.record(rec)
+    assert not log.proves(rec, 8)  # stored long ago: pruned
+    log.note(0, [9], stored=True)
+    log.advance()
+    assert not log.proves(rec, 9)  # stored after the chain start
