@@ -36,6 +36,7 @@ from router.index.base import (
     WorkerState,
 )
 from router.index.memory_read import MemoryReads
+from router.native import U64Map, new_hash_map, new_table
 
 _BIT_SLOT = {1: 0, 2: 1, 4: 2}
 # Mappings of removed blocks kept per (worker, block size), in two generations of at most
@@ -119,7 +120,12 @@ class MemoryIndex(MemoryReads):
         size += sum(sys.getsizeof(m) for w in self._workers.values() for m in w.maps.values())
         # Estimate: a key and a value int per table entry, an engine-hash int per map entry.
         # A shared key shares one value of up to 4 bits per slot; a solo value is shared.
-        size += keys * (_INT_BYTES + 8) + map_entries * _INT_BYTES
+        # The native maps hold keys and engine hashes as uint64 in their slots (counted
+        # by ``getsizeof``): only the value ints are extra.
+        if U64Map is not None:
+            size += keys * _INT_BYTES
+        else:
+            size += keys * (_INT_BYTES + 8) + map_entries * _INT_BYTES
         return {
             "backend": self.kind,
             "workers": len(self._workers),
@@ -217,10 +223,10 @@ class MemoryIndex(MemoryReads):
             bs = groups[g].block_size
             t = self._tables.get(g)
             if t is None:
-                t = self._tables[g] = {}
+                t = self._tables[g] = new_table()
             emap = w.maps.get(bs)
             if emap is None:
-                emap = w.maps[bs] = {}
+                emap = w.maps[bs] = new_hash_map()
             counts = w.counts.get(g)
             if counts is None:
                 counts = w.counts[g] = [0, 0, 0]

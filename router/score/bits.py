@@ -240,12 +240,17 @@ def cohort_rows(
     for g, (bs, rule, _) in enumerate(plan.shapes):
         if rule != "full":
             continue
-        get = (tables.get(g) or {}).get
+        t = tables.get(g) or {}
         ks = keys[g]
-        pa = list(takewhile(bool, accumulate(map(get, ks, repeat(0)), and_, initial=cohort)))
+        if isinstance(t, dict):
+            get = t.get
+            pa = list(takewhile(bool, accumulate(map(get, ks, repeat(0)), and_, initial=cohort)))
+            depth = len(pa) - 1
+            vals[g] = list(map(get, islice(ks, depth)))
+        else:  # router.native.U64Map: the same lists from one C call
+            pa, vals[g] = t.prefix(ks, cohort)
+            depth = len(pa) - 1
         full_pa[g] = pa
-        depth = len(pa) - 1
-        vals[g] = list(map(get, islice(ks, depth)))
         reach = min(reach, depth * bs)
     blocks: dict[int, tuple[int, list[int]]] = {}
     for g, (bs, rule, wb) in enumerate(plan.shapes):

@@ -1,0 +1,666 @@
+/* kvroute's optional compiled core (router/native/__init__.py explains the fallback).
+ *
+ * U64Map: a dict-like open-addressing hash map keyed by uint64 (linear probing,
+ * backward-shift deletion, 16-byte slots). Values are either Python objects (the
+ * memory index's presence bitsets) or uint64 (a worker's engine hash -> block key map,
+ * no Python object per entry). Keys the table cannot hold natively (not an int, 0,
+ * negative, wider than 64 bits) and, in uint64 mode, entries whose value does not fit,
+ * live in a plain dict on the side, so every answer equals a dict's.
+ *
+ * chain(): the canonical block-key chain of router/ingest/block_keys.py
+ * (xxh3_64 over each block's int32 token bytes, seeded with the parent key), one call
+ * for all blocks; built only when libxxhash's header was found (KVR_XXHASH).
+ *
+ * U64Map.prefix(): the bitset AND along a prompt's keys with early exit (the scorer's
+ * full-attention prefix, router/score/bits.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef KVR_XXHASH
+#include <xxhash.h>
+#endif
+
+typedef struct {
+    uint64_t key; /* 0: empty */
+    union {
+        PyObject *obj;
+        uint64_t u;
+    } v;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    Py_ssize_t mask; /* capacity - 1 (capacity a power of two), -1 when unallocated */
+    Py_ssize_t used;
+    int u64vals;
+    PyObject *extra; /* dict or NULL */
+} MapObject;
+
+static PyTypeObject MapType;
+
+static inline uint64_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+/* 1: *out holds the native key; 0: the key belongs in the side dict; -1: error. */
+static int as_key(PyObject *o, uint64_t *out) {
+    if (!PyLong_Check(o))
+        return 0;
+    uint64_t v = PyLong_AsUnsignedLongLong(o);
+    if (v == (uint64_t)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    if (v == 0)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static int as_u64val(PyObject *o, uint64_t *out) {
+    if (!PyLong_Check(o))
+        return 0;
+    uint64_t v = PyLong_AsUnsignedLongLong(o);
+    if (v == (uint64_t)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    *out = v;
+    return 1;
+}
+
+static inline Slot *find(MapObject *m, uint64_t k) {
+    if (m->mask < 0)
+        return NULL;
+    Py_ssize_t i = (Py_ssize_t)(mix(k) & (uint64_t)m->mask);
+    for (;;) {
+        Slot *s = &m->slots[i];
+        if (s->key == k)
+            return s;
+        if (s->key == 0)
+            return NULL;
+        i = (i + 1) & m->mask;
+    }
+}
+
+static int resize(MapObject *m, Py_ssize_t cap) {
+    Slot *old = m->slots;
+    Py_ssize_t oldcap = m->mask + 1;
+    Slot *n = PyMem_Calloc((size_t)cap, sizeof(Slot));
+    if (n == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    m->slots = n;
+    m->mask = cap - 1;
+    for (Py_ssize_t j = 0; j < oldcap; j++) {
+        if (old[j].key == 0)
+            continue;
+        Py_ssize_t i = (Py_ssize_t)(mix(old[j].key) & (uint64_t)m->mask);
+        while (n[i].key != 0)
+            i = (i + 1) & m->mask;
+        n[i] = old[j];
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+/* The slot for k, inserted empty-valued (*fresh = 1) when absent. */
+static Slot *insert_slot(MapObject *m, uint64_t k, int *fresh) {
+    Slot *s = find(m, k);
+    *fresh = 0;
+    if (s != NULL)
+        return s;
+    if ((m->used + 1) * 4 > (m->mask + 1) * 3) { /* load factor 0.75 */
+        if (resize(m, m->mask < 0 ? 8 : 2 * (m->mask + 1)) < 0)
+            return NULL;
+    }
+    Py_ssize_t i = (Py_ssize_t)(mix(k) & (uint64_t)m->mask);
+    while (m->slots[i].key != 0)
+        i = (i + 1) & m->mask;
+    s = &m->slots[i];
+    s->key = k;
+    s->v.u = 0;
+    m->used++;
+    *fresh = 1;
+    return s;
+}
+
+static void erase_slot(MapObject *m, Slot *s) {
+    Py_ssize_t i = s - m->slots;
+    if (!m->u64vals)
+        Py_CLEAR(s->v.obj);
+    m->used--;
+    Py_ssize_t j = i;
+    for (;;) { /* backward-shift deletion keeps probe chains intact */
+        j = (j + 1) & m->mask;
+        uint64_t kj = m->slots[j].key;
+        if (kj == 0)
+            break;
+        Py_ssize_t home = (Py_ssize_t)(mix(kj) & (uint64_t)m->mask);
+        /* move j into i when its home is not cyclically within (i, j] */
+        if (((j - home) & m->mask) >= ((j - i) & m->mask)) {
+            m->slots[i] = m->slots[j];
+            i = j;
+        }
+    }
+    m->slots[i].key = 0;
+    m->slots[i].v.u = 0;
+}
+
+static PyObject *slot_value(MapObject *m, Slot *s) {
+    if (m->u64vals)
+        return PyLong_FromUnsignedLongLong(s->v.u);
+    Py_INCREF(s->v.obj);
+    return s->v.obj;
+}
+
+static int extra_nonempty(MapObject *m) { return m->extra != NULL && PyDict_GET_SIZE(m->extra) > 0; }
+
+/* New reference to the value, NULL without error when absent. */
+static PyObject *map_lookup(MapObject *m, PyObject *key) {
+    uint64_t k;
+    int r = as_key(key, &k);
+    if (r < 0)
+        return NULL;
+    if (r == 1) {
+        Slot *s = find(m, k);
+        if (s != NULL)
+            return slot_value(m, s);
+    }
+    if (extra_nonempty(m)) {
+        PyObject *v = PyDict_GetItemWithError(m->extra, key);
+        Py_XINCREF(v);
+        return v;
+    }
+    return NULL;
+}
+
+static int extra_del(MapObject *m, PyObject *key) {
+    if (!extra_nonempty(m))
+        return 0;
+    PyObject *v = PyDict_GetItemWithError(m->extra, key);
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return PyDict_DelItem(m->extra, key) < 0 ? -1 : 1;
+}
+
+static int extra_set(MapObject *m, PyObject *key, PyObject *value) {
+    if (m->extra == NULL) {
+        m->extra = PyDict_New();
+        if (m->extra == NULL)
+            return -1;
+    }
+    return PyDict_SetItem(m->extra, key, value);
+}
+
+static int map_store(MapObject *m, PyObject *key, PyObject *value) {
+    uint64_t k, u = 0;
+    int r = as_key(key, &k);
+    if (r < 0)
+        return -1;
+    int rv = 1;
+    if (r == 1 && m->u64vals) {
+        rv = as_u64val(value, &u);
+        if (rv < 0)
+            return -1;
+    }
+    if (r == 1 && rv == 1) {
+        if (extra_del(m, key) < 0)
+            return -1;
+        int fresh;
+        Slot *s = insert_slot(m, k, &fresh);
+        if (s == NULL)
+            return -1;
+        if (m->u64vals) {
+            s->v.u = u;
+        } else {
+            PyObject *old = fresh ? NULL : s->v.obj;
+            Py_INCREF(value);
+            s->v.obj = value;
+            Py_XDECREF(old);
+        }
+        return 0;
+    }
+    if (r == 1) { /* a value that does not fit: the side dict holds the entry */
+        Slot *s = find(m, k);
+        if (s != NULL)
+            erase_slot(m, s);
+    }
+    return extra_set(m, key, value);
+}
+
+/* 0 deleted, 1 absent, -1 error */
+static int map_remove(MapObject *m, PyObject *key) {
+    uint64_t k;
+    int r = as_key(key, &k);
+    if (r < 0)
+        return -1;
+    if (r == 1) {
+        Slot *s = find(m, k);
+        if (s != NULL) {
+            erase_slot(m, s);
+            return 0;
+        }
+    }
+    int e = extra_del(m, key);
+    return e < 0 ? -1 : e == 1 ? 0 : 1;
+}
+
+static void map_clear_all(MapObject *m) {
+    if (m->slots != NULL) {
+        if (!m->u64vals)
+            for (Py_ssize_t j = 0; j <= m->mask; j++)
+                if (m->slots[j].key != 0)
+                    Py_CLEAR(m->slots[j].v.obj);
+        PyMem_Free(m->slots);
+    }
+    m->slots = NULL;
+    m->mask = -1;
+    m->used = 0;
+    Py_CLEAR(m->extra);
+}
+
+/* ---- type slots ---- */
+
+static PyObject *Map_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"u64_values", NULL};
+    int u64vals = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p", kwlist, &u64vals))
+        return NULL;
+    MapObject *m = (MapObject *)type->tp_alloc(type, 0);
+    if (m == NULL)
+        return NULL;
+    m->slots = NULL;
+    m->mask = -1;
+    m->used = 0;
+    m->u64vals = u64vals;
+    m->extra = NULL;
+    return (PyObject *)m;
+}
+
+static void Map_dealloc(MapObject *m) {
+    map_clear_all(m);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static Py_ssize_t Map_len(MapObject *m) {
+    return m->used + (m->extra != NULL ? PyDict_GET_SIZE(m->extra) : 0);
+}
+
+static PyObject *Map_subscript(MapObject *m, PyObject *key) {
+    PyObject *v = map_lookup(m, key);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetObject(PyExc_KeyError, key);
+    return v;
+}
+
+static int Map_ass_subscript(MapObject *m, PyObject *key, PyObject *value) {
+    if (value != NULL)
+        return map_store(m, key, value);
+    int r = map_remove(m, key);
+    if (r == 1) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    return r;
+}
+
+static int Map_contains(MapObject *m, PyObject *key) {
+    PyObject *v = map_lookup(m, key);
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_DECREF(v);
+    return 1;
+}
+
+static PyObject *Map_get(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
+        return NULL;
+    }
+    PyObject *v = map_lookup(m, args[0]);
+    if (v != NULL || PyErr_Occurred())
+        return v;
+    PyObject *d = nargs == 2 ? args[1] : Py_None;
+    Py_INCREF(d);
+    return d;
+}
+
+static PyObject *Map_setdefault(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "setdefault(key, default=None)");
+        return NULL;
+    }
+    PyObject *v = map_lookup(m, args[0]);
+    if (v != NULL || PyErr_Occurred())
+        return v;
+    PyObject *d = nargs == 2 ? args[1] : Py_None;
+    if (map_store(m, args[0], d) < 0)
+        return NULL;
+    Py_INCREF(d);
+    return d;
+}
+
+static PyObject *Map_pop(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "pop(key[, default])");
+        return NULL;
+    }
+    PyObject *v = map_lookup(m, args[0]);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        if (nargs == 2) {
+            Py_INCREF(args[1]);
+            return args[1];
+        }
+        PyErr_SetObject(PyExc_KeyError, args[0]);
+        return NULL;
+    }
+    if (map_remove(m, args[0]) < 0) {
+        Py_DECREF(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* which: 0 keys, 1 values, 2 items */
+static PyObject *collect(MapObject *m, int which) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j <= m->mask; j++) {
+        Slot *s = &m->slots[j];
+        if (s->key == 0)
+            continue;
+        PyObject *item;
+        if (which == 0) {
+            item = PyLong_FromUnsignedLongLong(s->key);
+        } else if (which == 1) {
+            item = slot_value(m, s);
+        } else {
+            PyObject *k = PyLong_FromUnsignedLongLong(s->key);
+            PyObject *v = k ? slot_value(m, s) : NULL;
+            item = v ? PyTuple_Pack(2, k, v) : NULL;
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+        }
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    if (extra_nonempty(m)) {
+        PyObject *rest = which == 0   ? PyDict_Keys(m->extra)
+                         : which == 1 ? PyDict_Values(m->extra)
+                                      : PyDict_Items(m->extra);
+        if (rest == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(out);
+        int bad = PyList_SetSlice(out, n, n, rest);
+        Py_DECREF(rest);
+        if (bad < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyObject *Map_keys(MapObject *m, PyObject *Py_UNUSED(a)) { return collect(m, 0); }
+static PyObject *Map_values(MapObject *m, PyObject *Py_UNUSED(a)) { return collect(m, 1); }
+static PyObject *Map_items(MapObject *m, PyObject *Py_UNUSED(a)) { return collect(m, 2); }
+
+static PyObject *Map_iter(MapObject *m) {
+    PyObject *keys = collect(m, 0);
+    if (keys == NULL)
+        return NULL;
+    PyObject *it = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return it;
+}
+
+static PyObject *Map_clear(MapObject *m, PyObject *Py_UNUSED(a)) {
+    map_clear_all(m);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Map_sizeof(MapObject *m, PyObject *Py_UNUSED(a)) {
+    Py_ssize_t n = (Py_ssize_t)sizeof(MapObject) + (m->mask + 1) * (Py_ssize_t)sizeof(Slot);
+    if (m->extra != NULL) {
+        PyObject *r = PyObject_CallMethod(m->extra, "__sizeof__", NULL);
+        if (r == NULL)
+            return NULL;
+        n += PyLong_AsSsize_t(r);
+        Py_DECREF(r);
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+/* prefix(keys, initial) -> (pa, vals): pa = [initial, initial & v0, ...] while nonzero
+ * (the AND of the values of keys[:i] with initial, stopping at the first zero or
+ * absent key, like list(takewhile(bool, accumulate(map(get, keys, repeat(0)), and_,
+ * initial=initial)))); vals = the values of the first len(pa) - 1 keys. */
+static PyObject *Map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "prefix(keys, initial)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "keys must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    PyObject *pa = PyList_New(0), *vals = PyList_New(0);
+    PyObject *acc = args[1];
+    Py_INCREF(acc);
+    if (pa == NULL || vals == NULL)
+        goto fail;
+    if (!PyObject_IsTrue(acc))
+        goto done;
+    if (PyList_Append(pa, acc) < 0)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = map_lookup(m, items[i]);
+        if (v == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            break;
+        }
+        PyObject *nxt = PyNumber_And(acc, v);
+        if (nxt == NULL) {
+            Py_DECREF(v);
+            goto fail;
+        }
+        int truth = PyObject_IsTrue(nxt);
+        if (truth <= 0) {
+            Py_DECREF(v);
+            Py_DECREF(nxt);
+            if (truth < 0)
+                goto fail;
+            break;
+        }
+        int bad = PyList_Append(vals, v) < 0 || PyList_Append(pa, nxt) < 0;
+        Py_DECREF(v);
+        Py_DECREF(acc);
+        acc = nxt;
+        if (bad)
+            goto fail;
+    }
+done:
+    Py_DECREF(acc);
+    Py_DECREF(seq);
+    PyObject *out = PyTuple_Pack(2, pa, vals);
+    Py_DECREF(pa);
+    Py_DECREF(vals);
+    return out;
+fail:
+    Py_XDECREF(acc);
+    Py_XDECREF(pa);
+    Py_XDECREF(vals);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyMethodDef Map_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))Map_get, METH_FASTCALL, "get(key, default=None)"},
+    {"setdefault", (PyCFunction)(void (*)(void))Map_setdefault, METH_FASTCALL,
+     "setdefault(key, default=None)"},
+    {"pop", (PyCFunction)(void (*)(void))Map_pop, METH_FASTCALL, "pop(key[, default])"},
+    {"keys", (PyCFunction)Map_keys, METH_NOARGS, "keys as a list"},
+    {"values", (PyCFunction)Map_values, METH_NOARGS, "values as a list"},
+    {"items", (PyCFunction)Map_items, METH_NOARGS, "(key, value) pairs as a list"},
+    {"clear", (PyCFunction)Map_clear, METH_NOARGS, "remove every entry"},
+    {"__sizeof__", (PyCFunction)Map_sizeof, METH_NOARGS, "bytes held"},
+    {"prefix", (PyCFunction)(void (*)(void))Map_prefix, METH_FASTCALL,
+     "prefix(keys, initial) -> (running ANDs while nonzero, values)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMappingMethods Map_as_mapping = {
+    (lenfunc)Map_len,
+    (binaryfunc)Map_subscript,
+    (objobjargproc)Map_ass_subscript,
+};
+
+static PySequenceMethods Map_as_sequence = {
+    .sq_contains = (objobjproc)Map_contains,
+};
+
+static PyTypeObject MapType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "router.native._core.U64Map",
+    .tp_basicsize = sizeof(MapObject),
+    .tp_dealloc = (destructor)Map_dealloc,
+    .tp_as_mapping = &Map_as_mapping,
+    .tp_as_sequence = &Map_as_sequence,
+    .tp_iter = (getiterfunc)Map_iter,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "dict-like map keyed by uint64 (U64Map(u64_values=False))",
+    .tp_methods = Map_methods,
+    .tp_new = Map_new,
+};
+
+#ifdef KVR_XXHASH
+/* chain(seed, tokens, block_size, n_blocks) -> list of keys, or None when a token is
+ * not an int32 (the caller's slow path handles those blocks). */
+static PyObject *chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "chain(seed, tokens, block_size, n_blocks)");
+        return NULL;
+    }
+    uint64_t seed = PyLong_AsUnsignedLongLong(args[0]);
+    if (seed == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t bs = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t nb = PyLong_AsSsize_t(args[3]);
+    if ((bs == -1 || nb == -1) && PyErr_Occurred())
+        return NULL;
+    if (bs <= 0 || nb < 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size > 0 and n_blocks >= 0");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "tokens must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t nt = nb * bs;
+    if (PySequence_Fast_GET_SIZE(seq) < nt) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "fewer tokens than n_blocks * block_size");
+        return NULL;
+    }
+    int32_t stackbuf[8192];
+    int32_t *buf = nt <= 8192 ? stackbuf : PyMem_Malloc((size_t)(nt ? nt : 1) * sizeof(int32_t));
+    if (buf == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        PyObject *t = items[i];
+        if (!PyLong_Check(t))
+            goto slow;
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(t, &overflow);
+        if (overflow || v < INT32_MIN || v > INT32_MAX) {
+            if (v == -1 && PyErr_Occurred())
+                goto end;
+            goto slow;
+        }
+        buf[i] = (int32_t)v;
+    }
+    out = PyList_New(nb);
+    if (out == NULL)
+        goto end;
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        seed = XXH3_64bits_withSeed(buf + b * bs, (size_t)bs * sizeof(int32_t), seed);
+        PyObject *k = PyLong_FromUnsignedLongLong(seed);
+        if (k == NULL) {
+            Py_CLEAR(out);
+            goto end;
+        }
+        PyList_SET_ITEM(out, b, k);
+    }
+    goto end;
+slow:
+    out = Py_None;
+    Py_INCREF(out);
+end:
+    if (buf != stackbuf)
+        PyMem_Free(buf);
+    Py_DECREF(seq);
+    return out;
+}
+#endif
+
+static PyMethodDef module_methods[] = {
+#ifdef KVR_XXHASH
+    {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,
+     "chain(seed, tokens, block_size, n_blocks) -> keys | None"},
+#endif
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_core", "kvroute's compiled core", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    if (PyType_Ready(&MapType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&MapType);
+    if (PyModule_AddObject(m, "U64Map", (PyObject *)&MapType) < 0) {
+        Py_DECREF(&MapType);
+        Py_DECREF(m);
+        return NULL;
+    }
+#ifdef KVR_XXHASH
+    PyModule_AddIntConstant(m, "HAS_XXHASH", 1);
+#else
+    PyModule_AddIntConstant(m, "HAS_XXHASH", 0);
+#endif
+    return m;
+}
