@@ -25,6 +25,7 @@ from router.index.base import (
     BIT_MEDIA,
     GPU_BIT,
     ApplyResult,
+    Bits,
     BlockKey,
     ClearOp,
     EngineHash,
@@ -97,6 +98,8 @@ class MemoryIndex(MemoryReads):
         self._free: list[int] = []
         self._registrations: dict[str, bytes] = {}  # lives as long as this process
         self._nslots = 0
+        self._gen = 0  # fetch_bits' cache key: bumped when a slot or metadata changes
+        self._bits_cache: dict[tuple[str, ...], tuple[int, Bits]] = {}
         # (slot, medium field) -> the value of a key held by that slot alone, on that
         # medium: one shared int object instead of one per key.
         self._solo: dict[tuple[int, int], int] = {}
@@ -111,6 +114,7 @@ class MemoryIndex(MemoryReads):
         self._free.clear()
         self._solo.clear()
         self._nslots = 0
+        self._gen += 1
 
     async def stats(self) -> dict[str, int | float | str]:
         entries = sum(sum(w.entries.values()) for w in self._workers.values())
@@ -150,6 +154,7 @@ class MemoryIndex(MemoryReads):
                 slot = self._nslots
                 self._nslots += 1
             w = self._workers[worker_id] = _Worker(state, slot, self._layout(state))
+            self._gen += 1
         return w
 
     def _solo_value(self, slot: int, field: int) -> int:
@@ -168,6 +173,7 @@ class MemoryIndex(MemoryReads):
 
     async def save_worker(self, worker_id: str, state: WorkerState) -> None:
         self._worker(worker_id, state).set_state(state, self._layout(state))
+        self._gen += 1
 
     async def known_workers(self) -> list[str]:
         return sorted(self._workers)
@@ -199,6 +205,7 @@ class MemoryIndex(MemoryReads):
         if w.state.groups != groups:
             state = w.state.copy(groups)
             w.set_state(state, self._layout(state))
+            self._gen += 1
         copies = w.copies
         anyb = 1 << (4 * w.slot)  # held on some medium
         own = 0xF * anyb
@@ -349,6 +356,7 @@ class MemoryIndex(MemoryReads):
     async def remove_worker(self, worker_id: str) -> None:
         w = self._workers.pop(worker_id, None)
         if w is not None:
+            self._gen += 1
             self._clear(w)
             self._free.append(w.slot)
 

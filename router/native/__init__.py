@@ -21,6 +21,7 @@ from typing import Any
 
 U64Map: Any = None
 chain: Callable[[int, Sequence[int], int, int], list[int] | None] | None = None
+rows: Callable[..., tuple[list[Any], list[int]]] | None = None
 ACTIVE = "python"
 WHY = "KVROUTE_NATIVE=0"
 
@@ -32,6 +33,7 @@ if os.environ.get("KVROUTE_NATIVE", "1") != "0":
     else:
         U64Map = _core.U64Map
         chain = getattr(_core, "chain", None)
+        rows = _core.rows
         ACTIVE = "native" if chain is not None else "native-nohash"
         WHY = "" if chain is not None else "built without libxxhash"
 

@@ -457,13 +457,21 @@ static PyObject *Map_sizeof(MapObject *m, PyObject *Py_UNUSED(a)) {
     return PyLong_FromSsize_t(n);
 }
 
+#define BATCH 32
+
 /* prefix(keys, initial) -> (pa, vals): pa = [initial, initial & v0, ...] while nonzero
  * (the AND of the values of keys[:i] with initial, stopping at the first zero or
  * absent key, like list(takewhile(bool, accumulate(map(get, keys, repeat(0)), and_,
- * initial=initial)))); vals = the values of the first len(pa) - 1 keys. */
+ * initial=initial)))); vals = the values of the first len(pa) - 1 keys.
+ * Object-valued maps only. Keys are looked up a batch at a time: the batch's slots are
+ * prefetched, then its values, so the cache misses of a batch overlap. */
 static PyObject *Map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "prefix(keys, initial)");
+        return NULL;
+    }
+    if (m->u64vals) {
+        PyErr_SetString(PyExc_TypeError, "prefix() needs an object-valued map");
         return NULL;
     }
     PyObject *seq = PySequence_Fast(args[0], "keys must be a sequence");
@@ -474,38 +482,59 @@ static PyObject *Map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t narg
     Py_INCREF(acc);
     if (pa == NULL || vals == NULL)
         goto fail;
-    if (!PyObject_IsTrue(acc))
+    int truth = PyObject_IsTrue(acc);
+    if (truth < 0)
+        goto fail;
+    if (!truth)
         goto done;
     if (PyList_Append(pa, acc) < 0)
         goto fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = map_lookup(m, items[i]);
-        if (v == NULL) {
-            if (PyErr_Occurred())
+    uint64_t ks[BATCH];
+    int native[BATCH];
+    PyObject *vs[BATCH];
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += BATCH) {
+        Py_ssize_t nb = n - b0 < BATCH ? n - b0 : BATCH;
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            int r = as_key(items[b0 + j], &ks[j]);
+            if (r < 0)
                 goto fail;
-            break;
+            native[j] = r;
+            if (r == 1 && m->mask >= 0)
+                __builtin_prefetch(&m->slots[mix(ks[j]) & (uint64_t)m->mask]);
         }
-        PyObject *nxt = PyNumber_And(acc, v);
-        if (nxt == NULL) {
-            Py_DECREF(v);
-            goto fail;
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            Slot *s = native[j] ? find(m, ks[j]) : NULL;
+            vs[j] = s != NULL ? s->v.obj : NULL;
+            if (vs[j] != NULL)
+                __builtin_prefetch(vs[j]);
         }
-        int truth = PyObject_IsTrue(nxt);
-        if (truth <= 0) {
-            Py_DECREF(v);
-            Py_DECREF(nxt);
-            if (truth < 0)
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            PyObject *v = vs[j];
+            if (v == NULL && extra_nonempty(m)) {
+                v = PyDict_GetItemWithError(m->extra, items[b0 + j]);
+                if (v == NULL && PyErr_Occurred())
+                    goto fail;
+            }
+            if (v == NULL)
+                goto done;
+            PyObject *nxt = PyNumber_And(acc, v);
+            if (nxt == NULL)
                 goto fail;
-            break;
+            truth = PyObject_IsTrue(nxt);
+            if (truth <= 0) {
+                Py_DECREF(nxt);
+                if (truth < 0)
+                    goto fail;
+                goto done;
+            }
+            int bad = PyList_Append(vals, v) < 0 || PyList_Append(pa, nxt) < 0;
+            Py_DECREF(acc);
+            acc = nxt;
+            if (bad)
+                goto fail;
         }
-        int bad = PyList_Append(vals, v) < 0 || PyList_Append(pa, nxt) < 0;
-        Py_DECREF(v);
-        Py_DECREF(acc);
-        acc = nxt;
-        if (bad)
-            goto fail;
     }
 done:
     Py_DECREF(acc);
@@ -522,6 +551,48 @@ fail:
     return NULL;
 }
 
+/* values(keys, n, default) -> [get(k, default) for k in keys[:n]], batched like prefix. */
+static PyObject *Map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "lookup(keys, n, default)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "keys must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    if (n > len)
+        n = len;
+    if (n < 0)
+        n = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = map_lookup(m, items[i]);
+        if (v == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(out);
+                Py_DECREF(seq);
+                return NULL;
+            }
+            v = args[2];
+            Py_INCREF(v);
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef Map_methods[] = {
     {"get", (PyCFunction)(void (*)(void))Map_get, METH_FASTCALL, "get(key, default=None)"},
     {"setdefault", (PyCFunction)(void (*)(void))Map_setdefault, METH_FASTCALL,
@@ -534,6 +605,8 @@ static PyMethodDef Map_methods[] = {
     {"__sizeof__", (PyCFunction)Map_sizeof, METH_NOARGS, "bytes held"},
     {"prefix", (PyCFunction)(void (*)(void))Map_prefix, METH_FASTCALL,
      "prefix(keys, initial) -> (running ANDs while nonzero, values)"},
+    {"lookup", (PyCFunction)(void (*)(void))Map_lookup_many, METH_FASTCALL,
+     "lookup(keys, n, default) -> values of keys[:n]"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -633,7 +706,208 @@ end:
 }
 #endif
 
+/* Best first among prototypes: score, then hit, descending (1 when a goes before b). */
+static int proto_before(PyObject *a, PyObject *b, int *err) {
+    double sa = PyFloat_AsDouble(PyTuple_GET_ITEM(a, 2));
+    double sb = PyFloat_AsDouble(PyTuple_GET_ITEM(b, 2));
+    if (PyErr_Occurred()) {
+        *err = 1;
+        return 0;
+    }
+    if (sa != sb)
+        return sa > sb;
+    int gt = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 0), PyTuple_GET_ITEM(b, 0), Py_GT);
+    if (gt < 0)
+        *err = 1;
+    return gt > 0;
+}
+
+/* rows(row_type, wids, labels, memo, make, ordered) -> (rows, mixed): per worker i, its
+ * class key tuple(labels[i]) names a prototype (memo, else make(key), stored in memo):
+ * (hit, hit_gpu, score, group_rows); a row is row_type(wid, hit, hit_gpu, score, True,
+ * list(group_rows)), or i goes to ``mixed`` when score is None (the caller scores it).
+ * ``ordered``: rows come out best first (score, then hit, descending; ties keep the
+ * order of ``wids``) -- a counting sort over the few prototypes, not a sort of rows.
+ * The per-worker part of router/score/bits.py's cohort_rows, without bytecode. */
+static PyObject *rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "rows(row_type, wids, labels, memo, make, ordered)");
+        return NULL;
+    }
+    PyObject *type = args[0], *memo = args[3], *make = args[4];
+    int ordered = PyObject_IsTrue(args[5]);
+    if (ordered < 0)
+        return NULL;
+    if (!PyDict_Check(memo)) {
+        PyErr_SetString(PyExc_TypeError, "memo must be a dict");
+        return NULL;
+    }
+    PyObject *wids = PySequence_Fast(args[1], "wids must be a sequence");
+    if (wids == NULL)
+        return NULL;
+    PyObject *labels = PySequence_Fast(args[2], "labels must be a sequence");
+    if (labels == NULL) {
+        Py_DECREF(wids);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(wids);
+    PyObject *out = PyList_New(0), *mixed = PyList_New(0), *res = NULL;
+    PyObject **protos = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *)); /* distinct, borrowed */
+    Py_ssize_t *pidx = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));   /* row -> proto */
+    Py_ssize_t *rank = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));   /* proto -> start */
+    PyObject *built = PyList_New(0);
+    Py_ssize_t np = 0;
+    if (out == NULL || mixed == NULL || built == NULL || !protos || !pidx || !rank) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto end;
+    }
+    if (PySequence_Fast_GET_SIZE(labels) != n) {
+        PyErr_SetString(PyExc_ValueError, "wids and labels differ in length");
+        goto end;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *lab = PySequence_Fast_GET_ITEM(labels, i);
+        PyObject *key = PyList_Check(lab) ? PyList_AsTuple(lab) : PySequence_Tuple(lab);
+        if (key == NULL)
+            goto end;
+        PyObject *proto = PyDict_GetItemWithError(memo, key); /* borrowed */
+        if (proto == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto end;
+            }
+            proto = PyObject_CallOneArg(make, key);
+            if (proto == NULL || PyDict_SetItem(memo, key, proto) < 0) {
+                Py_XDECREF(proto);
+                Py_DECREF(key);
+                goto end;
+            }
+            Py_DECREF(proto); /* the memo holds it */
+        }
+        Py_DECREF(key);
+        if (!PyTuple_Check(proto) || PyTuple_GET_SIZE(proto) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a prototype is (hit, hit_gpu, score, rows)");
+            goto end;
+        }
+        PyObject *score = PyTuple_GET_ITEM(proto, 2);
+        if (score == Py_None) {
+            PyObject *idx = PyLong_FromSsize_t(i);
+            if (idx == NULL || PyList_Append(mixed, idx) < 0) {
+                Py_XDECREF(idx);
+                goto end;
+            }
+            Py_DECREF(idx);
+            continue;
+        }
+        Py_ssize_t p = 0;
+        while (p < np && protos[p] != proto)
+            p++;
+        if (p == np)
+            protos[np++] = proto;
+        pidx[PyList_GET_SIZE(built)] = p;
+        PyObject *grows = PySequence_List(PyTuple_GET_ITEM(proto, 3));
+        if (grows == NULL)
+            goto end;
+        PyObject *argv[6] = {PySequence_Fast_GET_ITEM(wids, i), PyTuple_GET_ITEM(proto, 0),
+                             PyTuple_GET_ITEM(proto, 1), score, Py_True, grows};
+        PyObject *row = PyObject_Vectorcall(type, argv, 6, NULL);
+        Py_DECREF(grows);
+        if (row == NULL)
+            goto end;
+        int bad = PyList_Append(built, row);
+        Py_DECREF(row);
+        if (bad < 0)
+            goto end;
+    }
+    Py_ssize_t nb = PyList_GET_SIZE(built);
+    if (!ordered || np <= 1) {
+        Py_SETREF(out, built);
+        built = NULL;
+    } else {
+        /* order the prototypes (insertion sort: they are few), then place rows */
+        Py_ssize_t *order = rank; /* order[r] = proto index at rank r */
+        for (Py_ssize_t p = 0; p < np; p++) {
+            Py_ssize_t r = p;
+            int err = 0;
+            while (r > 0 && proto_before(protos[p], protos[order[r - 1]], &err))
+                order[r] = order[r - 1], r--;
+            if (err)
+                goto end;
+            order[r] = p;
+        }
+        Py_ssize_t *count = PyMem_Calloc((size_t)np + 1, sizeof(Py_ssize_t));
+        Py_ssize_t *start = PyMem_Calloc((size_t)np + 1, sizeof(Py_ssize_t));
+        if (!count || !start) {
+            PyMem_Free(count);
+            PyMem_Free(start);
+            PyErr_NoMemory();
+            goto end;
+        }
+        /* bucket[p]: prototypes equal in (score, hit) share one, so their rows keep
+         * the order of ``wids`` among themselves */
+        Py_ssize_t *bk = PyMem_Calloc((size_t)np + 1, sizeof(Py_ssize_t));
+        if (bk == NULL) {
+            PyMem_Free(count);
+            PyMem_Free(start);
+            PyErr_NoMemory();
+            goto end;
+        }
+        Py_ssize_t nbk = 0;
+        for (Py_ssize_t r = 0; r < np; r++) {
+            int err = 0;
+            if (r > 0 && proto_before(protos[order[r - 1]], protos[order[r]], &err))
+                nbk++;
+            if (err) {
+                PyMem_Free(count);
+                PyMem_Free(start);
+                PyMem_Free(bk);
+                goto end;
+            }
+            bk[order[r]] = nbk;
+        }
+        nbk++;
+        for (Py_ssize_t i = 0; i < nb; i++)
+            count[bk[pidx[i]]]++;
+        Py_ssize_t acc = 0;
+        for (Py_ssize_t b = 0; b < nbk; b++) {
+            start[b] = acc;
+            acc += count[b];
+        }
+        for (Py_ssize_t i = 0; i < nb; i++)
+            pidx[i] = bk[pidx[i]];
+        PyMem_Free(bk);
+        PyObject *sorted = PyList_New(nb);
+        if (sorted == NULL) {
+            PyMem_Free(count);
+            PyMem_Free(start);
+            goto end;
+        }
+        for (Py_ssize_t i = 0; i < nb; i++) {
+            PyObject *row = PyList_GET_ITEM(built, i);
+            Py_INCREF(row);
+            PyList_SET_ITEM(sorted, start[pidx[i]]++, row);
+        }
+        PyMem_Free(count);
+        PyMem_Free(start);
+        Py_SETREF(out, sorted);
+    }
+    res = PyTuple_Pack(2, out, mixed);
+end:
+    Py_XDECREF(out);
+    Py_XDECREF(mixed);
+    Py_XDECREF(built);
+    PyMem_Free(protos);
+    PyMem_Free(pidx);
+    PyMem_Free(rank);
+    Py_DECREF(wids);
+    Py_DECREF(labels);
+    return res;
+}
+
 static PyMethodDef module_methods[] = {
+    {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
+     "rows(row_type, wids, labels, memo, make, ordered) -> (rows, mixed indices)"},
 #ifdef KVR_XXHASH
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,
      "chain(seed, tokens, block_size, n_blocks) -> keys | None"},

@@ -33,12 +33,15 @@ from operator import and_, ne, or_
 import numpy as np
 
 from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
-from router.score.rows import GroupRow, WorkerRow
+from router.native import rows as native_rows
+from router.score.rows import GroupRow, WorkerRow, sort_rows
 from router.score.rule import Plan
 from schemas.hit_rule import max_candidate
 
 ALL = -1  # every bit set: what an empty window (a hit ending at block 0) accepts
 Classes = dict[int, int]  # value (tokens) -> bitset of slots
+# A class of slots' (hit, hit_gpu, score or None, group rows).
+_Proto = tuple[int, int, float | None, list[GroupRow]]
 
 
 def prefix_classes(pa: list[int]) -> Classes:
@@ -224,9 +227,10 @@ def cohort_rows(
     keys: Sequence[Sequence[BlockKey]],
     n: int,
     weight: list[float],
+    ordered: bool = False,
 ) -> list[WorkerRow]:
     """Rows of one cohort (workers of one group layout); ``keys[g]``: group ``g``'s
-    request block keys."""
+    request block keys. ``ordered``: best first, as ``sort_rows`` orders them."""
     nslots = bits.slots
     step = plan.step
     top = max_candidate(n, step)
@@ -288,36 +292,47 @@ def cohort_rows(
     g_n = len(metas)
     wg = weight[GPU_BIT]
     shapes = plan.shapes
-    out: list[WorkerRow] = []
-    append = out.append
-    memo: dict[tuple[int, ...], tuple[list[GroupRow], float | None]] = {}
-    mixed: list[tuple[str, int, int, int, list[GroupRow]]] = []
-    for (wid, slot), row in zip(members, per_slot, strict=True):
-        key = tuple(row)
-        got = memo.get(key)
+
+    def make(key: tuple[int, ...]) -> _Proto:
+        """(hit, hit_gpu, score or None when offloaded blocks weigh in, group rows) of
+        one class of slots (``key``: its labels)."""
         h, hg = key[where[0]], key[where[1]]
-        if got is None:
-            og = [key[where[2 + g]] for g in range(g_n)]
-            ogg = [key[where[2 + g_n + g]] for g in range(g_n)]
-            rows = [
-                GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)
-            ]
-            score: float | None = 0.0
-            if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
-                score = None
-            elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
-                count = 0
-                for bs, rule, wb in shapes:
-                    end = h // bs
-                    count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
-                total = count * wg + 0 * weight[2] + 0 * weight[4]
-                score = round(max(h * total / count if count else float(h), hg * wg), 3)
-            got = memo[key] = (rows, score)
-        rows, score = got
-        if score is None:
-            mixed.append((wid, slot, h, hg, rows))
-        else:
-            append(WorkerRow(wid, h, hg, score, True, list(rows)))
+        og = [key[where[2 + g]] for g in range(g_n)]
+        ogg = [key[where[2 + g_n + g]] for g in range(g_n)]
+        rows = [GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)]
+        score: float | None = 0.0
+        if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
+            score = None
+        elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
+            count = 0
+            for bs, rule, wb in shapes:
+                end = h // bs
+                count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
+            total = count * wg + 0 * weight[2] + 0 * weight[4]
+            score = round(max(h * total / count if count else float(h), hg * wg), 3)
+        return h, hg, score, rows
+
+    memo: dict[tuple[int, ...], _Proto] = {}
+    if native_rows is not None:  # router/native: the same loop in C
+        # ``fetch_bits`` lists a cohort's members by id, so C's order by (score, hit),
+        # ties in member order, is ``sort_rows``'s.
+        wids = [wid for wid, _ in members]
+        out, idx = native_rows(WorkerRow, wids, per_slot, memo, make, ordered)
+        late = [(members[i], memo[tuple(per_slot[i])]) for i in idx]
+    else:
+        out = []
+        late = []
+        for member, row in zip(members, per_slot, strict=True):
+            key = tuple(row)
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = make(key)
+            if got[2] is None:
+                late.append((member, got))
+            else:
+                out.append(WorkerRow(member[0], got[0], got[1], got[2], True, list(got[3])))
+    append = out.append
+    mixed = [(wid, slot, h, hg, rows) for (wid, slot), (h, hg, _, rows) in late]
     if mixed:  # the same float operations as ``Scorer._weighted``, for all at once
         hits = [m[2] for m in mixed]
         ng, nc, ns, cnt = _tier_counts(plan, vals, nslots, [m[1] for m in mixed], hits)
@@ -325,6 +340,8 @@ def cohort_rows(
         fl = (np.asarray(hits) * total / np.maximum(cnt, 1)).tolist()
         for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
             append(WorkerRow(wid, h, hg, round(max(f, hg * wg), 3), True, list(rows)))
+    if ordered and (mixed or native_rows is None):
+        sort_rows(out)
     return out
 
 

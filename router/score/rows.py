@@ -12,6 +12,7 @@ without importing the scorer, and so do they decide alike which cohorts they can
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 
 import msgspec
 
@@ -66,3 +67,17 @@ def bulk_metas(
     ):
         return None
     return metas
+
+
+_BY_ID = attrgetter("worker_id")
+_BY_HIT = attrgetter("hit_tokens")
+_BY_SCORE = attrgetter("score")
+
+
+def sort_rows(rows: list[WorkerRow]) -> list[WorkerRow]:
+    """Best first, in place: score, then hit tokens, then worker id (stable sorts, keys
+    in C)."""
+    rows.sort(key=_BY_ID)
+    rows.sort(key=_BY_HIT, reverse=True)
+    rows.sort(key=_BY_SCORE, reverse=True)
+    return rows

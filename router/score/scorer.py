@@ -22,7 +22,6 @@ which changes no answer but makes a worker's cost proportional to what it holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -42,7 +41,7 @@ from router.index.base import (
 from router.ingest.block_keys import request_keys
 from router.ingest.placement import block_keys_at
 from router.score.bits import cohort_rows
-from router.score.rows import GroupRow, ScoreResult, WorkerRow, bulk_metas
+from router.score.rows import GroupRow, ScoreResult, WorkerRow, bulk_metas, sort_rows
 from router.score.rule import Plan, tier, truncate
 from router.score.vec import columns_rows
 from schemas.rest import ScoreResponse
@@ -165,9 +164,13 @@ class Scorer:
         use_bits = self.columns and self.bits and len(ids) >= self.bits_min_workers
         bits = await self.index.fetch_bits(ids) if use_bits else None
         if bits is not None:
-            rows, rest = self._via_bits(bits, keys, used, n)
+            # One cohort and nothing else: its rows come out best first already.
+            ordered = len(bits.cohorts) == 1 and not bits.unknown
+            rows, rest = self._via_bits(bits, keys, used, n, ordered)
             if rest:
                 rows += await self._via_snapshots(rest, keys, used, keys_for, n)
+            elif ordered:
+                return ScoreResult(n, rows)
             return _sorted(n, rows)
         wide = self.columns and len(ids) >= self.columns_min_workers
         cols = await self.index.fetch_columns(ids, keys) if wide else None
@@ -180,10 +183,16 @@ class Scorer:
         return _sorted(n, rows)
 
     def _via_bits(
-        self, bits: Bits, keys: dict[int, Sequence[BlockKey]], used: dict[int, int], n: int
+        self,
+        bits: Bits,
+        keys: dict[int, Sequence[BlockKey]],
+        used: dict[int, int],
+        n: int,
+        ordered: bool = False,
     ) -> tuple[list[WorkerRow], list[str]]:
         """Rows computed per cohort on presence bitsets (``router.score.bits``), and the
-        workers that need ``_via_snapshots`` instead (as ``_via_columns`` decides)."""
+        workers that need ``_via_snapshots`` instead (as ``_via_columns`` decides).
+        ``ordered``: each cohort's rows best first (``sort_rows``)."""
         out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in bits.unknown]
         rest: list[str] = []
         for snap, members in bits.cohorts:
@@ -197,7 +206,7 @@ class Scorer:
                 continue
             plan = self._plan(metas)
             group_keys = [keys[m.block_size] for m in metas]
-            out += cohort_rows(plan, metas, members, bits, group_keys, n, self._weight)
+            out += cohort_rows(plan, metas, members, bits, group_keys, n, self._weight, ordered)
         return out, rest
 
     async def _via_snapshots(
@@ -328,19 +337,11 @@ class Scorer:
 
 
 def _sorted(n: int, rows: list[WorkerRow]) -> ScoreResult:
-    """Best first: score, then hit tokens, then worker id (stable sorts, keys in C)."""
-    rows.sort(key=_BY_ID)
-    rows.sort(key=_BY_HIT, reverse=True)
-    rows.sort(key=_BY_SCORE, reverse=True)
-    return ScoreResult(n, rows)
+    """Best first: score, then hit tokens, then worker id."""
+    return ScoreResult(n, sort_rows(rows))
 
 
 def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
     if meta is None:
         return GroupRow(g, learned=False)
     return GroupRow(g, meta.kind, meta.block_size)
-
-
-_BY_ID = attrgetter("worker_id")
-_BY_HIT = attrgetter("hit_tokens")
-_BY_SCORE = attrgetter("score")
