@@ -169,9 +169,11 @@ class MemoryReads(IndexBackend):
             if c is None:
                 c = cohorts[w.layout] = (w.snap, [])
             c[1].append((wid, w.slot))
+        masks = []
         for _, members in cohorts.values():
             members.sort()
-        return Bits(list(cohorts.values()), unknown, self._tables, max(self._nslots, 1))
+            masks.append(sum(1 << (4 * s) for _, s in members))
+        return Bits(list(cohorts.values()), unknown, self._tables, max(self._nslots, 1), masks)
 
 
 def _values(table: dict[BlockKey, int], keys: Sequence[BlockKey], full: bool) -> list[int]:

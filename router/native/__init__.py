@@ -22,6 +22,7 @@ from typing import Any
 U64Map: Any = None
 chain: Callable[[int, Sequence[int], int, int], list[int] | None] | None = None
 rows: Callable[..., tuple[list[Any], list[int]]] | None = None
+labels: Callable[[Sequence[dict[int, int]], Sequence[int], int], list[list[int]]] | None = None
 ACTIVE = "python"
 WHY = "KVROUTE_NATIVE=0"
 
@@ -34,6 +35,7 @@ if os.environ.get("KVROUTE_NATIVE", "1") != "0":
         U64Map = _core.U64Map
         chain = getattr(_core, "chain", None)
         rows = _core.rows
+        labels = _core.labels
         ACTIVE = "native" if chain is not None else "native-nohash"
         WHY = "" if chain is not None else "built without libxxhash"
 

@@ -459,10 +459,10 @@ static PyObject *Map_sizeof(MapObject *m, PyObject *Py_UNUSED(a)) {
 
 #define BATCH 32
 
-/* prefix(keys, initial) -> (pa, vals): pa = [initial, initial & v0, ...] while nonzero
+/* prefix(keys, initial) -> (pa, vals, any): pa = [initial, initial & v0, ...] while nonzero
  * (the AND of the values of keys[:i] with initial, stopping at the first zero or
  * absent key, like list(takewhile(bool, accumulate(map(get, keys, repeat(0)), and_,
- * initial=initial)))); vals = the values of the first len(pa) - 1 keys.
+ * initial=initial)))); vals = the values of the first len(pa) - 1 keys; any = their OR.
  * Object-valued maps only. Keys are looked up a batch at a time: the batch's slots are
  * prefetched, then its values, so the cache misses of a batch overlap. */
 static PyObject *Map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
@@ -539,15 +539,29 @@ static PyObject *Map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t narg
 done:
     Py_DECREF(acc);
     Py_DECREF(seq);
-    PyObject *out = PyTuple_Pack(2, pa, vals);
+    acc = NULL;
+    /* the OR of the values read: which slots hold some of them on which medium */
+    PyObject *any = PyLong_FromLong(0);
+    if (any == NULL)
+        goto fail_nocheck;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vals); i++) {
+        PyObject *o = PyNumber_Or(any, PyList_GET_ITEM(vals, i));
+        Py_DECREF(any);
+        any = o;
+        if (any == NULL)
+            goto fail_nocheck;
+    }
+    PyObject *out = PyTuple_Pack(3, pa, vals, any);
+    Py_DECREF(any);
     Py_DECREF(pa);
     Py_DECREF(vals);
     return out;
 fail:
     Py_XDECREF(acc);
+    Py_DECREF(seq);
+fail_nocheck:
     Py_XDECREF(pa);
     Py_XDECREF(vals);
-    Py_DECREF(seq);
     return NULL;
 }
 
@@ -604,7 +618,7 @@ static PyMethodDef Map_methods[] = {
     {"clear", (PyCFunction)Map_clear, METH_NOARGS, "remove every entry"},
     {"__sizeof__", (PyCFunction)Map_sizeof, METH_NOARGS, "bytes held"},
     {"prefix", (PyCFunction)(void (*)(void))Map_prefix, METH_FASTCALL,
-     "prefix(keys, initial) -> (running ANDs while nonzero, values)"},
+     "prefix(keys, initial) -> (running ANDs while nonzero, values, OR of values)"},
     {"lookup", (PyCFunction)(void (*)(void))Map_lookup_many, METH_FASTCALL,
      "lookup(keys, n, default) -> values of keys[:n]"},
     {NULL, NULL, 0, NULL},
@@ -905,7 +919,117 @@ end:
     return res;
 }
 
+/* Little-endian bytes of a non-negative int into buf[n]; -1 when it does not fit. */
+static int int_bytes(PyObject *v, unsigned char *buf, Py_ssize_t n) {
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t need = PyLong_AsNativeBytes(
+        v, buf, n, Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER);
+    if (need < 0)
+        return -1;
+    if (need > n) {
+        PyErr_SetString(PyExc_OverflowError, "bitset wider than the slots");
+        return -1;
+    }
+    return 0;
+#else
+    return _PyLong_AsByteArray((PyLongObject *)v, buf, (size_t)n, 1, 0);
+#endif
+}
+
+/* labels(attrs, positions, nbytes) -> per position, [its value in each attr]: attrs are
+ * {value: bitset} dicts where exactly one bitset has a position's bit set (a slot's
+ * class); what router/score/bits.py's _labels computes with numpy. */
+static PyObject *labels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "labels(attrs, positions, nbytes)");
+        return NULL;
+    }
+    PyObject *attrs = PySequence_Fast(args[0], "attrs must be a sequence");
+    if (attrs == NULL)
+        return NULL;
+    PyObject *pos = PySequence_Fast(args[1], "positions must be a sequence");
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[2]);
+    PyObject *out = NULL;
+    unsigned char *buf = NULL;
+    Py_ssize_t *p = NULL;
+    if (pos == NULL || (nbytes == -1 && PyErr_Occurred()))
+        goto end;
+    Py_ssize_t na = PySequence_Fast_GET_SIZE(attrs), np = PySequence_Fast_GET_SIZE(pos);
+    buf = PyMem_Malloc((size_t)nbytes + 1);
+    p = PyMem_Malloc(((size_t)np + 1) * sizeof(Py_ssize_t));
+    if (buf == NULL || p == NULL) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (Py_ssize_t j = 0; j < np; j++) {
+        p[j] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(pos, j));
+        if (p[j] < 0 || p[j] >= 8 * nbytes) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "position outside nbytes");
+            goto end;
+        }
+    }
+    out = PyList_New(np);
+    if (out == NULL)
+        goto end;
+    for (Py_ssize_t j = 0; j < np; j++) {
+        PyObject *row = PyList_New(na);
+        if (row == NULL)
+            goto fail;
+        for (Py_ssize_t a = 0; a < na; a++) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(row, a, Py_None);
+        }
+        PyList_SET_ITEM(out, j, row);
+    }
+    for (Py_ssize_t a = 0; a < na; a++) {
+        PyObject *d = PySequence_Fast_GET_ITEM(attrs, a);
+        if (!PyDict_Check(d) || PyDict_GET_SIZE(d) == 0) {
+            PyErr_SetString(PyExc_TypeError, "an attr is a non-empty dict");
+            goto fail;
+        }
+        Py_ssize_t it = 0;
+        PyObject *value, *bits, *first = NULL;
+        while (PyDict_Next(d, &it, &value, &bits)) {
+            if (first == NULL)
+                first = value;
+            if (!PyLong_Check(bits)) {
+                PyErr_SetString(PyExc_TypeError, "a bitset is an int");
+                goto fail;
+            }
+            memset(buf, 0, (size_t)nbytes);
+            if (int_bytes(bits, buf, nbytes) < 0)
+                goto fail;
+            for (Py_ssize_t j = 0; j < np; j++) {
+                if (buf[p[j] >> 3] >> (p[j] & 7) & 1) {
+                    PyObject *row = PyList_GET_ITEM(out, j);
+                    Py_INCREF(value);
+                    PyList_SetItem(row, a, value); /* steals; drops the old item */
+                }
+            }
+        }
+        for (Py_ssize_t j = 0; j < np; j++) { /* no class: the first value (numpy's argmax) */
+            PyObject *row = PyList_GET_ITEM(out, j);
+            if (PyList_GET_ITEM(row, a) == Py_None) {
+                Py_INCREF(first);
+                PyList_SetItem(row, a, first);
+            }
+        }
+    }
+    goto end;
+fail:
+    Py_CLEAR(out);
+end:
+    PyMem_Free(buf);
+    PyMem_Free(p);
+    Py_DECREF(attrs);
+    Py_XDECREF(pos);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
+    {"labels", (PyCFunction)(void (*)(void))labels, METH_FASTCALL,
+     "labels(attrs, positions, nbytes) -> per position, its value in each attr"},
     {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
      "rows(row_type, wids, labels, memo, make, ordered) -> (rows, mixed indices)"},
 #ifdef KVR_XXHASH

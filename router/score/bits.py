@@ -33,6 +33,7 @@ from operator import and_, ne, or_
 import numpy as np
 
 from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
+from router.native import labels as native_labels
 from router.native import rows as native_rows
 from router.score.rows import GroupRow, WorkerRow, sort_rows
 from router.score.rule import Plan
@@ -228,17 +229,21 @@ def cohort_rows(
     n: int,
     weight: list[float],
     ordered: bool = False,
+    mask: int = 0,
 ) -> list[WorkerRow]:
     """Rows of one cohort (workers of one group layout); ``keys[g]``: group ``g``'s
-    request block keys. ``ordered``: best first, as ``sort_rows`` orders them."""
+    request block keys. ``ordered``: best first, as ``sort_rows`` orders them.
+    ``mask``: the members' any-medium bits when known (``Bits.masks``)."""
     nslots = bits.slots
     step = plan.step
     top = max_candidate(n, step)
-    cohort = 0  # the cohort's any-medium bits (bit 4s for slot s)
-    for _, s in members:
-        cohort |= 1 << (4 * s)
+    cohort = mask  # the cohort's any-medium bits (bit 4s for slot s)
+    if not cohort:
+        for _, s in members:
+            cohort |= 1 << (4 * s)
     tables = bits.tables
     vals: dict[int, list[int]] = {}
+    ors: dict[int, int] = {}  # group -> the OR of vals[g], when the lookup gave it
     full_pa: dict[int, list[int]] = {}
     reach = top  # tokens any slot can hit: the longest full-attention prefix
     for g, (bs, rule, _) in enumerate(plan.shapes):
@@ -252,7 +257,7 @@ def cohort_rows(
             depth = len(pa) - 1
             vals[g] = list(map(get, islice(ks, depth)))
         else:  # router.native.U64Map: the same lists from one C call
-            pa, vals[g] = t.prefix(ks, cohort)
+            pa, vals[g], ors[g] = t.prefix(ks, cohort)
             depth = len(pa) - 1
         full_pa[g] = pa
         reach = min(reach, depth * bs)
@@ -268,9 +273,9 @@ def cohort_rows(
     hit, own = _view(plan, vals, cands, joint, full_pa, top, cohort)
     # Slots holding some read block on CPU or STORAGE: only their GPU view differs.
     off = 0
-    for v in vals.values():
+    for g, v in vals.items():
         if v:
-            r = reduce(or_, v)
+            r = ors[g] if g in ors else reduce(or_, v)
             off |= (r >> 2) | (r >> 3)  # CPU or STORAGE bits moved onto any-medium bits
     off &= cohort
     if off:
@@ -288,7 +293,11 @@ def cohort_rows(
         if j == len(uniq):
             uniq.append(attr)
         where.append(j)
-    per_slot = _labels(uniq, nslots, [4 * s for _, s in members])
+    order = [4 * s for _, s in members]
+    if native_labels is not None:  # router/native: the same lists without numpy
+        per_slot = native_labels(uniq, order, (4 * nslots + 7) // 8)
+    else:
+        per_slot = _labels(uniq, nslots, order)
     g_n = len(metas)
     wg = weight[GPU_BIT]
     shapes = plan.shapes

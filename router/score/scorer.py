@@ -195,7 +195,8 @@ class Scorer:
         ``ordered``: each cohort's rows best first (``sort_rows``)."""
         out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in bits.unknown]
         rest: list[str] = []
-        for snap, members in bits.cohorts:
+        masks = bits.masks or [0] * len(bits.cohorts)
+        for (snap, members), mask in zip(bits.cohorts, masks, strict=True):
             groups = snap.groups
             if not groups:
                 out += [WorkerRow(w, 0, 0, 0.0, False) for w, _ in members]
@@ -206,7 +207,9 @@ class Scorer:
                 continue
             plan = self._plan(metas)
             group_keys = [keys[m.block_size] for m in metas]
-            out += cohort_rows(plan, metas, members, bits, group_keys, n, self._weight, ordered)
+            out += cohort_rows(
+                plan, metas, members, bits, group_keys, n, self._weight, ordered, mask
+            )
         return out, rest
 
     async def _via_snapshots(
