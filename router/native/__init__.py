@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 U64Map: Any = None
 chain: Callable[[int, Sequence[int], int, int], list[int] | None] | None = None
 rows: Callable[..., tuple[list[Any], list[int]]] | None = None
+_pack: Callable[[Sequence[int], int], bytes] | None = None
 labels: Callable[[Sequence[dict[int, int]], Sequence[int], int], list[list[int]]] | None = None
 ACTIVE = "python"
 WHY = "KVROUTE_NATIVE=0"
@@ -36,6 +38,7 @@ if os.environ.get("KVROUTE_NATIVE", "1") != "0":
         chain = getattr(_core, "chain", None)
         rows = _core.rows
         labels = _core.labels
+        _pack = _core.pack
         ACTIVE = "native" if chain is not None else "native-nohash"
         WHY = "" if chain is not None else "built without libxxhash"
 
@@ -48,3 +51,10 @@ def new_table() -> Any:
 def new_hash_map() -> Any:
     """An empty engine-hash map (engine hash -> block key), uint64 values when native."""
     return U64Map(u64_values=True) if U64Map is not None else {}
+
+
+def pack(ints: Sequence[int], width: int) -> bytes:
+    """Each int's ``width`` little-endian bytes, joined (bitset rows for numpy)."""
+    if _pack is not None:
+        return _pack(ints, width)
+    return b"".join(map(int.to_bytes, ints, repeat(width), repeat("little")))

@@ -565,7 +565,8 @@ fail_nocheck:
     return NULL;
 }
 
-/* values(keys, n, default) -> [get(k, default) for k in keys[:n]], batched like prefix. */
+/* lookup(keys, n, default) -> [get(k, default) for k in keys[:n]], batched and
+ * prefetched like prefix (the scorer's sliding-window and mamba groups). */
 static PyObject *Map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "lookup(keys, n, default)");
@@ -590,21 +591,42 @@ static PyObject *Map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t
         Py_DECREF(seq);
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = map_lookup(m, items[i]);
-        if (v == NULL) {
-            if (PyErr_Occurred()) {
-                Py_DECREF(out);
-                Py_DECREF(seq);
-                return NULL;
-            }
-            v = args[2];
-            Py_INCREF(v);
+    uint64_t ks[BATCH];
+    int native[BATCH];
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += BATCH) {
+        Py_ssize_t nb = n - b0 < BATCH ? n - b0 : BATCH;
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            int r = as_key(items[b0 + j], &ks[j]);
+            if (r < 0)
+                goto fail;
+            native[j] = r;
+            if (r == 1 && m->mask >= 0)
+                __builtin_prefetch(&m->slots[mix(ks[j]) & (uint64_t)m->mask]);
         }
-        PyList_SET_ITEM(out, i, v);
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            PyObject *v = NULL;
+            Slot *s = native[j] ? find(m, ks[j]) : NULL;
+            if (s != NULL)
+                v = slot_value(m, s);
+            else if (extra_nonempty(m)) {
+                v = PyDict_GetItemWithError(m->extra, items[b0 + j]);
+                if (v == NULL && PyErr_Occurred())
+                    goto fail;
+                Py_XINCREF(v);
+            }
+            if (v == NULL) {
+                v = args[2];
+                Py_INCREF(v);
+            }
+            PyList_SET_ITEM(out, b0 + j, v);
+        }
     }
     Py_DECREF(seq);
     return out;
+fail:
+    Py_DECREF(out);
+    Py_DECREF(seq);
+    return NULL;
 }
 
 static PyMethodDef Map_methods[] = {
@@ -1027,7 +1049,57 @@ end:
     return out;
 }
 
+/* pack(ints, width) -> bytes: each int's ``width`` little-endian bytes, joined (what
+ * b"".join(map(int.to_bytes, ints, repeat(width), repeat("little"))) gives). */
+static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pack(ints, width)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "ints must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t width = PyLong_AsSsize_t(args[1]);
+    if (width < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "width >= 0");
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * width);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    unsigned char *buf = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyLong_Check(v)) {
+            PyErr_SetString(PyExc_TypeError, "pack() takes ints");
+            goto fail;
+        }
+        if (width == 0) {
+            if (PyObject_IsTrue(v)) {
+                PyErr_SetString(PyExc_OverflowError, "int too big to convert");
+                goto fail;
+            }
+            continue;
+        }
+        if (int_bytes(v, buf + i * width, width) < 0)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
+    {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL,
+     "pack(ints, width) -> their little-endian bytes, joined"},
     {"labels", (PyCFunction)(void (*)(void))labels, METH_FASTCALL,
      "labels(attrs, positions, nbytes) -> per position, its value in each attr"},
     {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,

@@ -34,6 +34,7 @@ import numpy as np
 
 from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
 from router.native import labels as native_labels
+from router.native import pack
 from router.native import rows as native_rows
 from router.score.rows import GroupRow, WorkerRow, sort_rows
 from router.score.rule import Plan
@@ -206,7 +207,7 @@ def _tier_counts(
         zero = np.zeros(m, dtype=np.int64)
         return zero, zero, count, count
     width = (nslots + 1) // 2  # two slots per byte
-    raw = b"".join(map(int.to_bytes, parts, repeat(width), repeat("little")))
+    raw = pack(parts, width)
     rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(parts), width)
     nib = 4 * (idx % 2)
     shift = np.concatenate([nib + 1, nib + 2]).astype(np.uint8)  # GPU, CPU bits
@@ -265,8 +266,11 @@ def cohort_rows(
     for g, (bs, rule, wb) in enumerate(plan.shapes):
         if rule == "full":
             continue
-        get = (tables.get(g) or {}).get
-        vals[g] = list(map(get, islice(keys[g], reach // bs), repeat(0)))
+        t = tables.get(g) or {}
+        if isinstance(t, dict):
+            vals[g] = list(map(t.get, islice(keys[g], reach // bs), repeat(0)))
+        else:  # router.native.U64Map: batched, prefetched lookups
+            vals[g] = t.lookup(keys[g], reach // bs, 0)
         blocks[g] = (bs, accepts(vals[g], rule, wb))
     cands = {g: _candidates([b], step) for g, b in blocks.items()}
     joint = _candidates(list(blocks.values()), step) if len(blocks) > 1 else None
@@ -361,7 +365,7 @@ def _labels(attrs: list[Classes], nslots: int, order: list[int]) -> list[list[in
     ``argmax``."""
     width = (nslots + 1) // 2
     bitsets = [b for a in attrs for b in a.values()]
-    raw = b"".join(map(int.to_bytes, bitsets, repeat(width), repeat("little")))
+    raw = pack(bitsets, width)
     bits = np.unpackbits(
         np.frombuffer(raw, dtype=np.uint8).reshape(len(bitsets), width), axis=1, bitorder="little"
     )[:, order]
