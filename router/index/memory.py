@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from router import native
 from router.index.base import (
     BIT_MEDIA,
     GPU_BIT,
@@ -37,7 +38,6 @@ from router.index.base import (
     WorkerState,
 )
 from router.index.memory_read import MemoryReads
-from router.native import U64Map, new_hash_map, new_table
 
 _BIT_SLOT = {1: 0, 2: 1, 4: 2}
 # Mappings of removed blocks kept per (worker, block size), in two generations of at most
@@ -126,7 +126,7 @@ class MemoryIndex(MemoryReads):
         # A shared key shares one value of up to 4 bits per slot; a solo value is shared.
         # The native maps hold keys and engine hashes as uint64 in their slots (counted
         # by ``getsizeof``): only the value ints are extra.
-        if U64Map is not None:
+        if all(not isinstance(t, dict) for t in self._tables.values()):
             size += keys * _INT_BYTES
         else:
             size += keys * (_INT_BYTES + 8) + map_entries * _INT_BYTES
@@ -230,10 +230,10 @@ class MemoryIndex(MemoryReads):
             bs = groups[g].block_size
             t = self._tables.get(g)
             if t is None:
-                t = self._tables[g] = new_table()
+                t = self._tables[g] = native.new_table()
             emap = w.maps.get(bs)
             if emap is None:
-                emap = w.maps[bs] = new_hash_map()
+                emap = w.maps[bs] = native.new_hash_map()
             counts = w.counts.get(g)
             if counts is None:
                 counts = w.counts[g] = [0, 0, 0]

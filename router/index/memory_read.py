@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from router import native
 from router.index.base import (
     Bits,
     BlockKey,
@@ -23,7 +24,6 @@ from router.index.base import (
     IndexBackend,
     WorkerSnapshot,
 )
-from router.native import pack
 
 # _NIBBLE[h]: bytes.translate table taking a byte to the media mask (1 GPU, 2 CPU,
 # 4 STORAGE) of the slot in its low (h = 0) or high (h = 1) nibble.
@@ -51,7 +51,7 @@ class MemoryReads(IndexBackend):
         if not vals:
             return out
         n, width = len(vals), (ns + 1) // 2  # two slots per byte
-        raw = pack(vals, width)
+        raw = native.pack(vals, width)
         rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, width)
         out[:n, 0::2] = (rows >> 1) & 7
         out[:n, 1::2] = ((rows >> 5) & 7)[:, : ns // 2]
@@ -71,7 +71,7 @@ class MemoryReads(IndexBackend):
         if not vals:
             return dict.fromkeys(slots, b"")
         width = (self._nslots + 1) // 2  # two slots per byte
-        raw = pack(vals, width)
+        raw = native.pack(vals, width)
         out = {slot: raw[slot // 2 :: width].translate(_NIBBLE[slot % 2]) for slot in slots}
         return out
 

@@ -48,7 +48,7 @@ from typing import Any
 import msgspec
 import xxhash
 
-from router.native import chain as _native_chain
+from router import native
 from schemas.hashing import HASH_ALGOS, NONE_HASH_SEED, external_hash, hash_block
 
 _msgpack = msgspec.msgpack.Encoder()
@@ -91,8 +91,8 @@ def chain_keys(
     """Keys of ``n_blocks`` consecutive blocks of ``tokens`` chained from ``parent``."""
     xxh = _xxh3_64
     seed = int.from_bytes(parent, "big")
-    if _native_chain is not None and extras is None:  # router/native: the same keys in C
-        got = _native_chain(seed, tokens, block_size, n_blocks)
+    if native.chain is not None and extras is None:  # router/native: the same keys in C
+        got = native.chain(seed, tokens, block_size, n_blocks)
         if got is not None:
             return got
     out: list[int] = []

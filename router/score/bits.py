@@ -32,10 +32,8 @@ from operator import and_, ne, or_
 
 import numpy as np
 
+from router import native
 from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
-from router.native import labels as native_labels
-from router.native import pack
-from router.native import rows as native_rows
 from router.score.rows import GroupRow, WorkerRow, sort_rows
 from router.score.rule import Plan
 from schemas.hit_rule import max_candidate
@@ -207,7 +205,7 @@ def _tier_counts(
         zero = np.zeros(m, dtype=np.int64)
         return zero, zero, count, count
     width = (nslots + 1) // 2  # two slots per byte
-    raw = pack(parts, width)
+    raw = native.pack(parts, width)
     rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(parts), width)
     nib = 4 * (idx % 2)
     shift = np.concatenate([nib + 1, nib + 2]).astype(np.uint8)  # GPU, CPU bits
@@ -298,8 +296,8 @@ def cohort_rows(
             uniq.append(attr)
         where.append(j)
     order = [4 * s for _, s in members]
-    if native_labels is not None:  # router/native: the same lists without numpy
-        per_slot = native_labels(uniq, order, (4 * nslots + 7) // 8)
+    if native.labels is not None:  # router/native: the same lists without numpy
+        per_slot = native.labels(uniq, order, (4 * nslots + 7) // 8)
     else:
         per_slot = _labels(uniq, nslots, order)
     g_n = len(metas)
@@ -326,11 +324,11 @@ def cohort_rows(
         return h, hg, score, rows
 
     memo: dict[tuple[int, ...], _Proto] = {}
-    if native_rows is not None:  # router/native: the same loop in C
+    if native.rows is not None:  # router/native: the same loop in C
         # ``fetch_bits`` lists a cohort's members by id, so C's order by (score, hit),
         # ties in member order, is ``sort_rows``'s.
         wids = [wid for wid, _ in members]
-        out, idx = native_rows(WorkerRow, wids, per_slot, memo, make, ordered)
+        out, idx = native.rows(WorkerRow, wids, per_slot, memo, make, ordered)
         late = [(members[i], memo[tuple(per_slot[i])]) for i in idx]
     else:
         out = []
@@ -353,7 +351,7 @@ def cohort_rows(
         fl = (np.asarray(hits) * total / np.maximum(cnt, 1)).tolist()
         for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
             append(WorkerRow(wid, h, hg, round(max(f, hg * wg), 3), True, list(rows)))
-    if ordered and (mixed or native_rows is None):
+    if ordered and (mixed or native.rows is None):
         sort_rows(out)
     return out
 
@@ -365,7 +363,7 @@ def _labels(attrs: list[Classes], nslots: int, order: list[int]) -> list[list[in
     ``argmax``."""
     width = (nslots + 1) // 2
     bitsets = [b for a in attrs for b in a.values()]
-    raw = pack(bitsets, width)
+    raw = native.pack(bitsets, width)
     bits = np.unpackbits(
         np.frombuffer(raw, dtype=np.uint8).reshape(len(bitsets), width), axis=1, bitorder="little"
     )[:, order]
