@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from router import native
 from router.index.base import (
     CPU_BIT,
     DEFAULT_TIER_WEIGHTS,
@@ -57,6 +58,11 @@ COLUMNS_MIN_WORKERS = 32
 # "typical" fleet (offloaded workers need per-worker counts); at 64 workers about the
 # same all-hit and slower typical.
 BITS_MIN_WORKERS = 128
+# With the compiled core (router/native: C lookups with prefetching, labels and rows in
+# C) the bitset path is the fastest from one worker on the one-group workload of
+# benchmarks/dynamo_side_by_side.py (0.09 vs 0.2 ms at 8 workers) and within noise of
+# the other paths on router_core.py's hybrid fleets (docs/benchmarks.md, round 3).
+BITS_MIN_WORKERS_NATIVE = 1
 
 
 _encoder = msgspec.json.Encoder()
@@ -87,7 +93,7 @@ class Scorer:
         columns: bool = True,
         columns_min_workers: int = COLUMNS_MIN_WORKERS,
         bits: bool = True,
-        bits_min_workers: int = BITS_MIN_WORKERS,
+        bits_min_workers: int | None = None,
     ) -> None:
         self.index = index
         # False: always the per-worker path (benchmarks compare the paths in one run).
@@ -95,6 +101,8 @@ class Scorer:
         # False: the numpy columns path instead of bitsets (when the backend has both).
         self.bits = bits
         self.columns_min_workers = columns_min_workers
+        # None: BITS_MIN_WORKERS_NATIVE on the compiled core, else BITS_MIN_WORKERS
+        # (decided per score: tests switch cores within one process).
         self.bits_min_workers = bits_min_workers
         self.tier_weights = {**DEFAULT_TIER_WEIGHTS, **(tier_weights or {})}
         w = self.tier_weights
@@ -161,7 +169,10 @@ class Scorer:
         keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
         n = len(token_ids)
         ids = list(dict.fromkeys(worker_ids))
-        use_bits = self.columns and self.bits and len(ids) >= self.bits_min_workers
+        bits_min = self.bits_min_workers
+        if bits_min is None:
+            bits_min = BITS_MIN_WORKERS if native.ACTIVE == "python" else BITS_MIN_WORKERS_NATIVE
+        use_bits = self.columns and self.bits and len(ids) >= bits_min
         bits = await self.index.fetch_bits(ids) if use_bits else None
         if bits is not None:
             # One cohort and nothing else: its rows come out best first already.
