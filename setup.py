@@ -1,4 +1,4 @@
-"""Builds kvroute's optional compiled core (``router/native/_core.c``; see
+"""Builds kvroute's optional compiled core (``router/native/*.c``; see
 docs/development.md#the-native-core). Metadata lives in pyproject.toml.
 
 The extension is optional: when it cannot compile, the install goes on and the router
@@ -12,6 +12,9 @@ import os
 import tempfile
 
 from setuptools import Extension, setup
+
+
+_SOURCES = ("_core", "map", "map_scan", "chain", "rows", "pack")
 
 
 def _has_xxhash() -> bool:
@@ -47,7 +50,8 @@ def _extensions() -> list[Extension]:
     return [
         Extension(
             "router.native._core",
-            sources=["router/native/_core.c"],
+            sources=[f"router/native/{name}.c" for name in _SOURCES],
+            depends=["router/native/core.h"],
             define_macros=[("KVR_XXHASH", "1")] if xx else [],
             libraries=["xxhash"] if xx else [],
             extra_compile_args=["-O3"],

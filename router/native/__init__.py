@@ -5,7 +5,7 @@ for 1,024 dict lookups and ANDs, 70-80 bytes per engine-hash map entry) sat abov
 Dynamo indexer's whole hash + match (docs/benchmarks.md, round 3). The core holds the
 memory index's tables in ``U64Map`` (open addressing over uint64 keys; uint64 values for
 the engine-hash maps), chains block keys over the token buffer in one call, and runs the
-scorer's per-worker loops (labels, rows) without bytecode.
+scorer's per-worker loop (classes and rows) without bytecode.
 
 Every caller keeps its pure-Python path and gets the same answers from either; callers
 read this module's attributes at call time (``native.rows``), so ``set_active`` switches
@@ -32,8 +32,7 @@ except ImportError as exc:  # not built (no compiler at install time)
 
 U64Map: Any = None
 chain: Callable[[int, Sequence[int], int, int], list[int] | None] | None = None
-rows: Callable[..., tuple[list[Any], list[int]]] | None = None
-labels: Callable[[Sequence[dict[int, int]], Sequence[int], int], list[list[int]]] | None = None
+rows: Callable[..., tuple[list[Any], list[tuple[int, Any]]]] | None = None
 _pack: Callable[[Sequence[int], int], bytes] | None = None
 ACTIVE = "python"
 
@@ -41,12 +40,11 @@ ACTIVE = "python"
 def set_active(on: bool) -> str:
     """Use the compiled core (when built) or the pure-Python paths from now on; returns
     ``ACTIVE``. Tables already made keep their type (both answer alike)."""
-    global U64Map, chain, rows, labels, _pack, ACTIVE
+    global U64Map, chain, rows, _pack, ACTIVE
     core = _core if on else None
     U64Map = getattr(core, "U64Map", None)
     chain = getattr(core, "chain", None)
     rows = getattr(core, "rows", None)
-    labels = getattr(core, "labels", None)
     _pack = getattr(core, "pack", None)
     ACTIVE = "python" if core is None else "native" if chain is not None else "native-nohash"
     return ACTIVE

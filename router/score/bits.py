@@ -296,10 +296,6 @@ def cohort_rows(
             uniq.append(attr)
         where.append(j)
     order = [4 * s for _, s in members]
-    if native.labels is not None:  # router/native: the same lists without numpy
-        per_slot = native.labels(uniq, order, (4 * nslots + 7) // 8)
-    else:
-        per_slot = _labels(uniq, nslots, order)
     g_n = len(metas)
     wg = weight[GPU_BIT]
     shapes = plan.shapes
@@ -324,15 +320,17 @@ def cohort_rows(
         return h, hg, score, rows
 
     memo: dict[tuple[int, ...], _Proto] = {}
-    if native.rows is not None:  # router/native: the same loop in C
+    if native.rows is not None:  # router/native: labels and rows in C, same answers
         # ``fetch_bits`` lists a cohort's members by id, so C's order by (score, hit),
         # ties in member order, is ``sort_rows``'s.
         wids = [wid for wid, _ in members]
-        out, idx = native.rows(WorkerRow, wids, per_slot, memo, make, ordered)
-        late = [(members[i], memo[tuple(per_slot[i])]) for i in idx]
+        nbytes = (4 * nslots + 7) // 8
+        out, idx = native.rows(WorkerRow, wids, order, uniq, nbytes, memo, make, ordered)
+        late = [(members[i], proto) for i, proto in idx]
     else:
         out = []
         late = []
+        per_slot = _labels(uniq, nslots, order)
         for member, row in zip(members, per_slot, strict=True):
             key = tuple(row)
             got = memo.get(key)

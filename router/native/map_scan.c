@@ -1,0 +1,177 @@
+/* U64Map's batched scans for the scorer (router/score/bits.py): a batch's slots are
+ * prefetched, then its values, so the cache misses of a batch overlap (measured: 512
+ * lookups in 27 us instead of 65-75 us one by one). */
+#include "core.h"
+
+#define BATCH 32
+
+/* prefix(keys, initial) -> (pa, vals, any): pa = [initial, initial & v0, ...] while nonzero
+ * (the AND of the values of keys[:i] with initial, stopping at the first zero or
+ * absent key, like list(takewhile(bool, accumulate(map(get, keys, repeat(0)), and_,
+ * initial=initial)))); vals = the values of the first len(pa) - 1 keys; any = their OR.
+ * Object-valued maps only. Keys are looked up a batch at a time: the batch's slots are
+ * prefetched, then its values, so the cache misses of a batch overlap. */
+PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "prefix(keys, initial)");
+        return NULL;
+    }
+    if (m->u64vals) {
+        PyErr_SetString(PyExc_TypeError, "prefix() needs an object-valued map");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "keys must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    PyObject *pa = PyList_New(0), *vals = PyList_New(0);
+    PyObject *acc = args[1];
+    Py_INCREF(acc);
+    if (pa == NULL || vals == NULL)
+        goto fail;
+    int truth = PyObject_IsTrue(acc);
+    if (truth < 0)
+        goto fail;
+    if (!truth)
+        goto done;
+    if (PyList_Append(pa, acc) < 0)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    uint64_t ks[BATCH];
+    int native[BATCH];
+    PyObject *vs[BATCH];
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += BATCH) {
+        Py_ssize_t nb = n - b0 < BATCH ? n - b0 : BATCH;
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            int r = kvr_as_key(items[b0 + j], &ks[j]);
+            if (r < 0)
+                goto fail;
+            native[j] = r;
+            if (r == 1 && m->mask >= 0)
+                __builtin_prefetch(&m->slots[kvr_mix(ks[j]) & (uint64_t)m->mask]);
+        }
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            Slot *s = native[j] ? kvr_find(m, ks[j]) : NULL;
+            vs[j] = s != NULL ? s->v.obj : NULL;
+            if (vs[j] != NULL)
+                __builtin_prefetch(vs[j]);
+        }
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            PyObject *v = vs[j];
+            if (v == NULL && kvr_extra_nonempty(m)) {
+                v = PyDict_GetItemWithError(m->extra, items[b0 + j]);
+                if (v == NULL && PyErr_Occurred())
+                    goto fail;
+            }
+            if (v == NULL)
+                goto done;
+            PyObject *nxt = PyNumber_And(acc, v);
+            if (nxt == NULL)
+                goto fail;
+            truth = PyObject_IsTrue(nxt);
+            if (truth <= 0) {
+                Py_DECREF(nxt);
+                if (truth < 0)
+                    goto fail;
+                goto done;
+            }
+            int bad = PyList_Append(vals, v) < 0 || PyList_Append(pa, nxt) < 0;
+            Py_DECREF(acc);
+            acc = nxt;
+            if (bad)
+                goto fail;
+        }
+    }
+done:
+    Py_DECREF(acc);
+    Py_DECREF(seq);
+    acc = NULL;
+    /* the OR of the values read: which slots hold some of them on which medium */
+    PyObject *any = PyLong_FromLong(0);
+    if (any == NULL)
+        goto fail_nocheck;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vals); i++) {
+        PyObject *o = PyNumber_Or(any, PyList_GET_ITEM(vals, i));
+        Py_DECREF(any);
+        any = o;
+        if (any == NULL)
+            goto fail_nocheck;
+    }
+    PyObject *out = PyTuple_Pack(3, pa, vals, any);
+    Py_DECREF(any);
+    Py_DECREF(pa);
+    Py_DECREF(vals);
+    return out;
+fail:
+    Py_XDECREF(acc);
+    Py_DECREF(seq);
+fail_nocheck:
+    Py_XDECREF(pa);
+    Py_XDECREF(vals);
+    return NULL;
+}
+
+/* lookup(keys, n, default) -> [get(k, default) for k in keys[:n]], batched and
+ * prefetched like prefix (the scorer's sliding-window and mamba groups). */
+PyObject *kvr_map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "lookup(keys, n, default)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "keys must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    if (n > len)
+        n = len;
+    if (n < 0)
+        n = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    uint64_t ks[BATCH];
+    int native[BATCH];
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += BATCH) {
+        Py_ssize_t nb = n - b0 < BATCH ? n - b0 : BATCH;
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            int r = kvr_as_key(items[b0 + j], &ks[j]);
+            if (r < 0)
+                goto fail;
+            native[j] = r;
+            if (r == 1 && m->mask >= 0)
+                __builtin_prefetch(&m->slots[kvr_mix(ks[j]) & (uint64_t)m->mask]);
+        }
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            PyObject *v = NULL;
+            Slot *s = native[j] ? kvr_find(m, ks[j]) : NULL;
+            if (s != NULL)
+                v = kvr_slot_value(m, s);
+            else if (kvr_extra_nonempty(m)) {
+                v = PyDict_GetItemWithError(m->extra, items[b0 + j]);
+                if (v == NULL && PyErr_Occurred())
+                    goto fail;
+                Py_XINCREF(v);
+            }
+            if (v == NULL) {
+                v = args[2];
+                Py_INCREF(v);
+            }
+            PyList_SET_ITEM(out, b0 + j, v);
+        }
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
