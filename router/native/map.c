@@ -425,7 +425,7 @@ static PyMethodDef Map_methods[] = {
     {"clear", (PyCFunction)Map_clear, METH_NOARGS, "remove every entry"},
     {"__sizeof__", (PyCFunction)Map_sizeof, METH_NOARGS, "bytes held"},
     {"prefix", (PyCFunction)(void (*)(void))kvr_map_prefix, METH_FASTCALL,
-     "prefix(keys, initial) -> (running ANDs while nonzero, values, OR of values)"},
+     "prefix(keys, initial) -> (prefix classes, values, OR of values)"},
     {"lookup", (PyCFunction)(void (*)(void))kvr_map_lookup_many, METH_FASTCALL,
      "lookup(keys, n, default) -> values of keys[:n]"},
     {NULL, NULL, 0, NULL},

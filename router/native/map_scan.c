@@ -5,12 +5,23 @@
 
 #define BATCH 32
 
-/* prefix(keys, initial) -> (pa, vals, any): pa = [initial, initial & v0, ...] while nonzero
- * (the AND of the values of keys[:i] with initial, stopping at the first zero or
- * absent key, like list(takewhile(bool, accumulate(map(get, keys, repeat(0)), and_,
- * initial=initial)))); vals = the values of the first len(pa) - 1 keys; any = their OR.
- * Object-valued maps only. Keys are looked up a batch at a time: the batch's slots are
- * prefetched, then its values, so the cache misses of a batch overlap. */
+/* Record a change of the running AND at depth i: classes[i] = before ^ after. */
+static int record(PyObject *classes, Py_ssize_t i, PyObject *before, PyObject *after) {
+    PyObject *x = PyNumber_Xor(before, after);
+    PyObject *k = x ? PyLong_FromSsize_t(i) : NULL;
+    int rc = k ? PyDict_SetItem(classes, k, x) : -1;
+    Py_XDECREF(x);
+    Py_XDECREF(k);
+    return rc;
+}
+
+/* prefix(keys, initial) -> (classes, vals, any): the running AND of ``initial`` with the
+ * values of keys[0], keys[1], ... while nonzero (stopping at the first zero or absent
+ * key), as router/score/bits.py's prefix_classes gives it: {depth: the bits whose
+ * prefix is exactly ``depth`` keys}, ascending, the deepest last; vals = the values of
+ * the keys the AND went through; any = their OR. Object-valued maps only. Keys are
+ * looked up a batch at a time: the batch's slots are prefetched, then its values, so
+ * the cache misses of a batch overlap. */
 PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "prefix(keys, initial)");
@@ -23,18 +34,17 @@ PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs) 
     PyObject *seq = PySequence_Fast(args[0], "keys must be a sequence");
     if (seq == NULL)
         return NULL;
-    PyObject *pa = PyList_New(0), *vals = PyList_New(0);
-    PyObject *acc = args[1];
+    PyObject *classes = PyDict_New(), *vals = PyList_New(0), *any = PyLong_FromLong(0);
+    PyObject *acc = args[1], *prev = NULL;
     Py_INCREF(acc);
-    if (pa == NULL || vals == NULL)
+    Py_ssize_t depth = 0;
+    if (classes == NULL || vals == NULL || any == NULL)
         goto fail;
     int truth = PyObject_IsTrue(acc);
     if (truth < 0)
         goto fail;
     if (!truth)
         goto done;
-    if (PyList_Append(pa, acc) < 0)
-        goto fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     uint64_t ks[BATCH];
@@ -75,39 +85,60 @@ PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs) 
                     goto fail;
                 goto done;
             }
-            int bad = PyList_Append(vals, v) < 0 || PyList_Append(pa, nxt) < 0;
-            Py_DECREF(acc);
-            acc = nxt;
-            if (bad)
+            int same = PyObject_RichCompareBool(nxt, acc, Py_EQ);
+            if (same < 0 || (!same && record(classes, depth, acc, nxt) < 0)) {
+                Py_DECREF(nxt);
                 goto fail;
+            }
+            if (PyList_Append(vals, v) < 0) {
+                Py_DECREF(nxt);
+                goto fail;
+            }
+            /* OR each distinct run of values once (neighbours often hold alike) */
+            int dup = prev == v ? 1 : prev == NULL ? 0 : PyObject_RichCompareBool(prev, v, Py_EQ);
+            if (dup < 0) {
+                Py_DECREF(nxt);
+                goto fail;
+            }
+            if (!dup) {
+                PyObject *o = PyNumber_Or(any, v);
+                if (o == NULL) {
+                    Py_DECREF(nxt);
+                    goto fail;
+                }
+                Py_SETREF(any, o);
+            }
+            prev = v; /* borrowed: vals holds it */
+            depth++;
+            if (same) {
+                Py_DECREF(nxt);
+            } else {
+                Py_SETREF(acc, nxt);
+            }
         }
     }
 done:
+    if (PyObject_IsTrue(acc)) {
+        PyObject *k = PyLong_FromSsize_t(depth);
+        if (k == NULL || PyDict_SetItem(classes, k, acc) < 0) {
+            Py_XDECREF(k);
+            goto fail;
+        }
+        Py_DECREF(k);
+    }
     Py_DECREF(acc);
     Py_DECREF(seq);
-    acc = NULL;
-    /* the OR of the values read: which slots hold some of them on which medium */
-    PyObject *any = PyLong_FromLong(0);
-    if (any == NULL)
-        goto fail_nocheck;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vals); i++) {
-        PyObject *o = PyNumber_Or(any, PyList_GET_ITEM(vals, i));
-        Py_DECREF(any);
-        any = o;
-        if (any == NULL)
-            goto fail_nocheck;
-    }
-    PyObject *out = PyTuple_Pack(3, pa, vals, any);
-    Py_DECREF(any);
-    Py_DECREF(pa);
+    PyObject *out = PyTuple_Pack(3, classes, vals, any);
+    Py_DECREF(classes);
     Py_DECREF(vals);
+    Py_DECREF(any);
     return out;
 fail:
     Py_XDECREF(acc);
     Py_DECREF(seq);
-fail_nocheck:
-    Py_XDECREF(pa);
+    Py_XDECREF(classes);
     Py_XDECREF(vals);
+    Py_XDECREF(any);
     return NULL;
 }
 

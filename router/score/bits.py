@@ -123,7 +123,7 @@ def _view(
     vals: dict[int, list[int]],
     cands: dict[int, list[int]],
     joint_cand: list[int] | None,
-    full_pa: dict[int, list[int]],
+    full_cls: dict[int, Classes],
     top: int,
     mask: int,
 ) -> tuple[Classes, list[Classes]]:
@@ -135,11 +135,11 @@ def _view(
     for g, (bs, rule, _) in enumerate(plan.shapes):
         if rule != "full":
             continue
-        pa = full_pa.get(g)
-        if pa is None:
-            pa = list(takewhile(bool, accumulate(vals[g], and_, initial=mask)))
+        pc = full_cls.get(g)
+        if pc is None:
+            pc = prefix_classes(list(takewhile(bool, accumulate(vals[g], and_, initial=mask))))
         cls: Classes = {}
-        for blocks, bits in prefix_classes(pa).items():
+        for blocks, bits in pc.items():
             v = min(blocks * bs, top) // step * step
             cls[v] = cls.get(v, 0) | bits
         own[g] = cls
@@ -243,7 +243,7 @@ def cohort_rows(
     tables = bits.tables
     vals: dict[int, list[int]] = {}
     ors: dict[int, int] = {}  # group -> the OR of vals[g], when the lookup gave it
-    full_pa: dict[int, list[int]] = {}
+    full_cls: dict[int, Classes] = {}  # group -> its prefix classes (``prefix_classes``)
     reach = top  # tokens any slot can hit: the longest full-attention prefix
     for g, (bs, rule, _) in enumerate(plan.shapes):
         if rule != "full":
@@ -255,10 +255,10 @@ def cohort_rows(
             pa = list(takewhile(bool, accumulate(map(get, ks, repeat(0)), and_, initial=cohort)))
             depth = len(pa) - 1
             vals[g] = list(map(get, islice(ks, depth)))
-        else:  # router.native.U64Map: the same lists from one C call
-            pa, vals[g], ors[g] = t.prefix(ks, cohort)
-            depth = len(pa) - 1
-        full_pa[g] = pa
+            full_cls[g] = prefix_classes(pa)
+        else:  # router.native.U64Map: the classes, values and their OR from one C call
+            full_cls[g], vals[g], ors[g] = t.prefix(ks, cohort)
+            depth = len(vals[g])
         reach = min(reach, depth * bs)
     blocks: dict[int, tuple[int, list[int]]] = {}
     for g, (bs, rule, wb) in enumerate(plan.shapes):
@@ -272,7 +272,7 @@ def cohort_rows(
         blocks[g] = (bs, accepts(vals[g], rule, wb))
     cands = {g: _candidates([b], step) for g, b in blocks.items()}
     joint = _candidates(list(blocks.values()), step) if len(blocks) > 1 else None
-    hit, own = _view(plan, vals, cands, joint, full_pa, top, cohort)
+    hit, own = _view(plan, vals, cands, joint, full_cls, top, cohort)
     # Slots holding some read block on CPU or STORAGE: only their GPU view differs.
     off = 0
     for g, v in vals.items():

@@ -1,6 +1,8 @@
 """The score result as msgspec Structs, shared by the scorer's paths.
 
-The same fields, order and defaults as ``schemas.rest``'s ``GroupScore`` /
+Rows are not tracked by the garbage collector (``gc=False``: they hold scalars and a
+list of GroupRows, never a cycle), so a score's hundreds of rows do not trigger
+collections. The same fields, order and defaults as ``schemas.rest``'s ``GroupScore`` /
 ``WorkerScore`` / ``ScoreResponse``, so ``msgspec.json.encode`` of a result is the JSON
 of the validated pydantic model (tested) at a fraction of the cost -- /v1/score answers
 with it; ``Scorer.score`` still returns the pydantic model. Split from
@@ -19,7 +21,7 @@ import msgspec
 from router.index.base import GroupMeta, WorkerSnapshot
 
 
-class GroupRow(msgspec.Struct):
+class GroupRow(msgspec.Struct, gc=False):
     group_idx: int
     kind: str | None = None
     block_size: int | None = None
@@ -28,7 +30,7 @@ class GroupRow(msgspec.Struct):
     hit_tokens_gpu: int = 0
 
 
-class WorkerRow(msgspec.Struct):
+class WorkerRow(msgspec.Struct, gc=False):
     worker_id: str
     hit_tokens: int
     hit_tokens_gpu: int

@@ -11,7 +11,7 @@ import pytest
 
 from router import native
 from router.ingest.block_keys import chain_keys, root_digest
-from router.score.bits import _labels
+from router.score.bits import _labels, prefix_classes
 from router.score.rows import GroupRow, WorkerRow, sort_rows
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="compiled core not built")
@@ -66,8 +66,9 @@ def test_u64map_answers_like_a_dict(u64_values: bool) -> None:
 
 
 def test_prefix_and_lookup_equal_the_python_forms() -> None:
-    """``prefix``: the running AND with early exit of router/score/bits.py; ``lookup``:
-    the values with a default; across batch boundaries and with side-dict keys."""
+    """``prefix``: the running AND with early exit of router/score/bits.py, as its prefix
+    classes; ``lookup``: the values with a default; across batch boundaries, with
+    side-dict keys and with runs of equal values."""
     from functools import reduce
     from itertools import accumulate, islice, repeat, takewhile
     from operator import and_, or_
@@ -83,12 +84,15 @@ def test_prefix_and_lookup_equal_the_python_forms() -> None:
         for i, k in enumerate(keys):
             if rng.random() < 0.97:
                 v = init | rng.randrange(2**12) if i < len(keys) * 0.8 else rng.randrange(2**12)
+                if i and rng.random() < 0.3:  # a run of equal values (shared holders)
+                    v = d.get(keys[i - 1], v)
                 d[k] = m[k] = v
         get = d.get
         pa = list(takewhile(bool, accumulate(map(get, keys, repeat(0)), and_, initial=init)))
         vals = list(map(get, islice(keys, len(pa) - 1)))
-        got = m.prefix(keys, init)
-        assert got == (pa, vals, reduce(or_, vals, 0))
+        classes, got_vals, any_bits = m.prefix(keys, init)
+        assert list(classes.items()) == list(prefix_classes(pa).items())  # order too
+        assert (got_vals, any_bits) == (vals, reduce(or_, vals, 0))
         n = rng.randrange(0, len(keys) + 2)
         assert m.lookup(keys, n, 0) == [d.get(k, 0) for k in keys[:n]]
 
