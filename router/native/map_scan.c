@@ -5,6 +5,44 @@
 
 #define BATCH 32
 
+/* A non-negative exact int's digits, read in place (the CPython layouts this builds
+ * against); 0 when not available, and callers take the general path. */
+static inline int digits_of(PyObject *o, const digit **d, Py_ssize_t *n) {
+    if (!PyLong_CheckExact(o))
+        return 0;
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000
+    uintptr_t tag = ((PyLongObject *)o)->long_value.lv_tag;
+    if ((tag & 3) == 2) /* negative */
+        return 0;
+    *n = (Py_ssize_t)(tag >> 3);
+    *d = ((PyLongObject *)o)->long_value.ob_digit;
+    return 1;
+#elif PY_VERSION_HEX < 0x030C0000
+    Py_ssize_t size = Py_SIZE(o);
+    if (size < 0)
+        return 0;
+    *n = size;
+    *d = ((PyLongObject *)o)->ob_digit;
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* 1 when acc & v == acc (v holds every bit of acc): the running AND stays the same
+ * object, with no new int (the common case along a shared prefix); 0 otherwise or
+ * when the digits cannot be read. */
+static inline int covers(PyObject *v, PyObject *acc) {
+    const digit *a, *b;
+    Py_ssize_t na, nb;
+    if (!digits_of(acc, &a, &na) || !digits_of(v, &b, &nb))
+        return 0;
+    for (Py_ssize_t i = 0; i < na; i++)
+        if (a[i] & ~(i < nb ? b[i] : 0))
+            return 0;
+    return 1;
+}
+
 /* Record a change of the running AND at depth i: classes[i] = before ^ after. */
 static int record(PyObject *classes, Py_ssize_t i, PyObject *before, PyObject *after) {
     PyObject *x = PyNumber_Xor(before, after);
@@ -75,17 +113,22 @@ PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs) 
             }
             if (v == NULL)
                 goto done;
-            PyObject *nxt = PyNumber_And(acc, v);
-            if (nxt == NULL)
-                goto fail;
-            truth = PyObject_IsTrue(nxt);
-            if (truth <= 0) {
-                Py_DECREF(nxt);
-                if (truth < 0)
+            int same = covers(v, acc);
+            PyObject *nxt = acc;
+            Py_INCREF(nxt);
+            if (!same) {
+                Py_SETREF(nxt, PyNumber_And(acc, v));
+                if (nxt == NULL)
                     goto fail;
-                goto done;
+                truth = PyObject_IsTrue(nxt);
+                if (truth <= 0) {
+                    Py_DECREF(nxt);
+                    if (truth < 0)
+                        goto fail;
+                    goto done;
+                }
+                same = PyObject_RichCompareBool(nxt, acc, Py_EQ);
             }
-            int same = PyObject_RichCompareBool(nxt, acc, Py_EQ);
             if (same < 0 || (!same && record(classes, depth, acc, nxt) < 0)) {
                 Py_DECREF(nxt);
                 goto fail;
