@@ -26,9 +26,9 @@ try:
     from router.native import _core  # type: ignore[attr-defined]
 
     BUILD_ERROR = ""
-except ImportError as exc:  # not built (no compiler at install time)
+except ImportError:  # not built (no compiler at install time, or KVROUTE_NATIVE_BUILD=0)
     _core = None
-    BUILD_ERROR = f"not built: {exc}"
+    BUILD_ERROR = "the extension is not built (no C compiler at install time?)"
 
 U64Map: Any = None
 chain: Callable[[int, Sequence[int], int, int], list[int] | None] | None = None
