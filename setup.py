@@ -13,7 +13,6 @@ import tempfile
 
 from setuptools import Extension, setup
 
-
 _SOURCES = ("_core", "map", "map_scan", "chain", "rows", "pack")
 
 
