@@ -242,9 +242,23 @@ class MemoryIndex(MemoryReads):
             get = t.get
             new = fresh = 0
             if isinstance(op, StoreOp):
-                setdefault = emap.setdefault
                 bit = op.medium_bit
                 solo = self._solo_value(w.slot, field)
+                store = None if isinstance(t, dict) else getattr(t, "store", None)
+                if store is not None:  # router.native.U64Map: the same loop in C
+                    pos = 4 * w.slot
+                    new, fresh, again = store(
+                        emap, op.hashes, op.keys, pos, pos + field, b | anyb, solo
+                    )
+                    for k in again:  # another physical copy of a block already held
+                        c = (g, bit, k)
+                        copies[c] = copies.get(c, 0) + 1
+                    res.stored += new
+                    res.stored_repeat += len(op.hashes) - new
+                    counts[_BIT_SLOT[op.medium_bit]] += new
+                    w.entries[g] = w.entries.get(g, 0) + fresh
+                    continue
+                setdefault = emap.setdefault
                 for h, k in zip(op.hashes, op.keys, strict=True):
                     k = setdefault(h, k)
                     v = get(k, 0)

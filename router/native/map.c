@@ -6,6 +6,46 @@
  * live in a plain dict on the side, so every answer equals a dict's. */
 #include "core.h"
 
+#if defined(__linux__) || defined(__APPLE__)
+#include <sys/mman.h>
+#define KVR_MMAP 1
+#endif
+
+/* Slot arrays from 256 KiB on are mapped pages of their own: a grown table's old array
+ * goes back to the system at once (from malloc's heap its pages stayed resident:
+ * measured as RSS ~1.5x the live bytes), and untouched pages of a fresh array cost
+ * nothing. tracemalloc is told about them (PyTraceMalloc_Track), so traced bytes stay
+ * complete. */
+#define KVR_MMAP_MIN ((size_t)1 << 18)
+
+static Slot *slots_alloc(Py_ssize_t cap) {
+    size_t bytes = (size_t)cap * sizeof(Slot);
+#ifdef KVR_MMAP
+    if (bytes >= KVR_MMAP_MIN) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+        (void)PyTraceMalloc_Track(0, (uintptr_t)p, bytes);
+        return p;
+    }
+#endif
+    return PyMem_Calloc((size_t)cap, sizeof(Slot));
+}
+
+static void slots_free(Slot *p, Py_ssize_t cap) {
+    if (p == NULL)
+        return;
+#ifdef KVR_MMAP
+    size_t bytes = (size_t)cap * sizeof(Slot);
+    if (bytes >= KVR_MMAP_MIN) {
+        (void)PyTraceMalloc_Untrack(0, (uintptr_t)p);
+        munmap(p, bytes);
+        return;
+    }
+#endif
+    PyMem_Free(p);
+}
+
 /* 1: *out holds the native key; 0: the key belongs in the side dict; -1: error. */
 int kvr_as_key(PyObject *o, uint64_t *out) {
     if (!PyLong_Check(o))
@@ -56,7 +96,7 @@ Slot *kvr_find(MapObject *m, uint64_t k) {
 static int resize(MapObject *m, Py_ssize_t cap) {
     Slot *old = m->slots;
     Py_ssize_t oldcap = m->mask + 1;
-    Slot *n = PyMem_Calloc((size_t)cap, sizeof(Slot));
+    Slot *n = slots_alloc(cap);
     if (n == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -71,7 +111,7 @@ static int resize(MapObject *m, Py_ssize_t cap) {
             i = (i + 1) & m->mask;
         n[i] = old[j];
     }
-    PyMem_Free(old);
+    slots_free(old, oldcap);
     return 0;
 }
 
@@ -98,8 +138,8 @@ static Slot *insert_slot(MapObject *m, uint64_t k, int *fresh) {
 
 static void erase_slot(MapObject *m, Slot *s) {
     Py_ssize_t i = s - m->slots;
-    if (!m->u64vals)
-        Py_CLEAR(s->v.obj);
+    /* dropped last, once the table is consistent again (a finalizer may run) */
+    PyObject *gone = m->u64vals ? NULL : s->v.obj;
     m->used--;
     Py_ssize_t j = i;
     for (;;) { /* backward-shift deletion keeps probe chains intact */
@@ -116,6 +156,7 @@ static void erase_slot(MapObject *m, Slot *s) {
     }
     m->slots[i].key = 0;
     m->slots[i].v.u = 0;
+    Py_XDECREF(gone);
 }
 
 PyObject *kvr_slot_value(MapObject *m, Slot *s) {
@@ -218,17 +259,22 @@ static int map_remove(MapObject *m, PyObject *key) {
 }
 
 static void map_clear_all(MapObject *m) {
-    if (m->slots != NULL) {
-        if (!m->u64vals)
-            for (Py_ssize_t j = 0; j <= m->mask; j++)
-                if (m->slots[j].key != 0)
-                    Py_CLEAR(m->slots[j].v.obj);
-        PyMem_Free(m->slots);
-    }
+    /* detach first: values are dropped once the map is empty (a finalizer may run) */
+    Slot *slots = m->slots;
+    Py_ssize_t cap = m->mask + 1;
+    PyObject *extra = m->extra;
     m->slots = NULL;
     m->mask = -1;
     m->used = 0;
-    Py_CLEAR(m->extra);
+    m->extra = NULL;
+    if (slots != NULL) {
+        if (!m->u64vals)
+            for (Py_ssize_t j = 0; j < cap; j++)
+                if (slots[j].key != 0)
+                    Py_DECREF(slots[j].v.obj);
+        slots_free(slots, cap);
+    }
+    Py_XDECREF(extra);
 }
 
 /* ---- type slots ---- */
@@ -295,6 +341,16 @@ static PyObject *Map_get(MapObject *m, PyObject *const *args, Py_ssize_t nargs) 
     PyObject *d = nargs == 2 ? args[1] : Py_None;
     Py_INCREF(d);
     return d;
+}
+
+/* New reference to m[key], stored as ``value`` first when absent. */
+PyObject *kvr_map_setdefault(MapObject *m, PyObject *key, PyObject *value) {
+    PyObject *v = map_lookup(m, key);
+    if (v != NULL || PyErr_Occurred())
+        return v;
+    if (map_store(m, key, value) < 0)
+        return NULL;
+    return map_lookup(m, key);
 }
 
 static PyObject *Map_setdefault(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
@@ -426,6 +482,8 @@ static PyMethodDef Map_methods[] = {
     {"__sizeof__", (PyCFunction)Map_sizeof, METH_NOARGS, "bytes held"},
     {"prefix", (PyCFunction)(void (*)(void))kvr_map_prefix, METH_FASTCALL,
      "prefix(keys, initial) -> (prefix classes, values, OR of values)"},
+    {"store", (PyCFunction)(void (*)(void))kvr_map_store, METH_FASTCALL,
+     "store(emap, hashes, keys, pos, field_pos, bits, solo) -> (new, fresh, repeated)"},
     {"lookup", (PyCFunction)(void (*)(void))kvr_map_lookup_many, METH_FASTCALL,
      "lookup(keys, n, default) -> values of keys[:n]"},
     {NULL, NULL, 0, NULL},

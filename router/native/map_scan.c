@@ -5,30 +5,6 @@
 
 #define BATCH 32
 
-/* A non-negative exact int's digits, read in place (the CPython layouts this builds
- * against); 0 when not available, and callers take the general path. */
-static inline int digits_of(PyObject *o, const digit **d, Py_ssize_t *n) {
-    if (!PyLong_CheckExact(o))
-        return 0;
-#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000
-    uintptr_t tag = ((PyLongObject *)o)->long_value.lv_tag;
-    if ((tag & 3) == 2) /* negative */
-        return 0;
-    *n = (Py_ssize_t)(tag >> 3);
-    *d = ((PyLongObject *)o)->long_value.ob_digit;
-    return 1;
-#elif PY_VERSION_HEX < 0x030C0000
-    Py_ssize_t size = Py_SIZE(o);
-    if (size < 0)
-        return 0;
-    *n = size;
-    *d = ((PyLongObject *)o)->ob_digit;
-    return 1;
-#else
-    return 0;
-#endif
-}
-
 /* 1 when acc & v == acc (v holds every bit of acc): the running AND stays the same
  * object, with no new int (the common case along a shared prefix); 0 otherwise or
  * when the digits cannot be read. */

@@ -168,3 +168,39 @@ def test_rows_equal_the_python_loop() -> None:
         assert [(i, p[:3]) for i, p in mixed] == [(i, p[:3]) for i, p in want_mixed]
         assert len({id(r.groups) for r in got}) == len(got)  # no row shares a list
         assert len(memo) <= len(slots)
+
+
+def test_store_equals_the_python_store_loop() -> None:
+    """``U64Map.store``: MemoryIndex.apply's StoreOp loop (engine-hash map setdefault,
+    bit set, copies of held blocks), on a native and on a dict engine-hash map."""
+    rng = random.Random(6)
+    for emap_kind in ("native", "dict"):
+        t, emap = core.U64Map(), core.U64Map(u64_values=True) if emap_kind == "native" else {}
+        ref_t: dict[int, int] = {}
+        ref_emap: dict[object, int] = {}
+        for _ in range(400):
+            slot, field = rng.randrange(70), rng.randrange(1, 4)
+            anyb = 1 << (4 * slot)
+            b = anyb << field
+            own = 0xF * anyb
+            solo = (1 | 1 << field) << (4 * slot)
+            n = rng.randrange(0, 12)
+            hashes = [
+                rng.choice([rng.randrange(1, 60), b"h%d" % rng.randrange(9)]) for _ in range(n)
+            ]
+            keys = [rng.randrange(1, 80) for _ in range(n)]
+            got = t.store(emap, hashes, keys, 4 * slot, 4 * slot + field, b | anyb, solo)
+            new = fresh = 0
+            again = []
+            for h, k in zip(hashes, keys, strict=True):
+                k = ref_emap.setdefault(h, k)
+                v = ref_t.get(k, 0)
+                if not v & b:
+                    fresh += not v & own
+                    ref_t[k] = v | b | anyb if v else solo
+                    new += 1
+                else:
+                    again.append(k)
+            assert got == (new, fresh, again)
+        assert dict(t.items()) == ref_t
+        assert dict(emap.items()) == ref_emap
