@@ -1,6 +1,6 @@
 /* Shared declarations of kvroute's compiled core (router/native/__init__.py: why, and
  * the fallback). One extension module, ``router.native._core``, from these sources:
- * map.c (U64Map), map_scan.c (its batched scans), map_store.c (its store loop), chain.c (block keys), rows.c (the
+ * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), chain.c (block keys), rows.c (the
  * scorer's per-worker rows), pack.c (bitset bytes), _core.c (the module). */
 #ifndef KVR_CORE_H
 #define KVR_CORE_H
@@ -62,6 +62,10 @@ static inline int digits_of(PyObject *o, const digit **d, Py_ssize_t *n) {
 }
 
 /* map.c */
+PyObject *kvr_map_lookup(MapObject *m, PyObject *key);
+int kvr_map_store(MapObject *m, PyObject *key, PyObject *value);
+int kvr_map_remove(MapObject *m, PyObject *key);
+void kvr_map_clear_all(MapObject *m);
 PyObject *kvr_map_setdefault(MapObject *m, PyObject *key, PyObject *value);
 int kvr_as_key(PyObject *o, uint64_t *out);
 Slot *kvr_find(MapObject *m, uint64_t k);
@@ -71,7 +75,7 @@ int kvr_extra_nonempty(MapObject *m);
 PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kvr_map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* map_store.c */
-PyObject *kvr_map_store(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* chain.c (only with libxxhash) */
 PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* pack.c */

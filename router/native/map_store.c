@@ -39,7 +39,7 @@ static PyObject *emap_setdefault(PyObject *emap, PyObject *h, PyObject *k) {
  * per block, k = emap.setdefault(hash, key); v = self.get(k, 0); when bit field_pos
  * of v is clear: self[k] = v | bits if v else solo (new += 1; fresh += 1 when none of
  * bits pos..pos+3 was set), else k goes to ``repeated``. */
-PyObject *kvr_map_store(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
+PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
                         "store(emap, hashes, keys, pos, field_pos, bits, solo)");
