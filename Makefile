@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # system-deps first: the compiled core (router/native) links libxxhash when its header is
 # there; without a compiler or the header the install still succeeds (pure-Python paths).
-$(VENV)/.installed: pyproject.toml constraints.txt setup.py router/native/_core.c | $(BIN)/python system-deps
+$(VENV)/.installed: pyproject.toml constraints.txt setup.py $(wildcard router/native/*.c router/native/*.h) | $(BIN)/python system-deps
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[engine,dev]'
 	@$(BIN)/python -c "import router.native as n; print('kvroute core:', n.describe())"
 	touch $@
