@@ -10,17 +10,22 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+# system-deps first: the compiled core (router/native) links libxxhash when its header is
+# there; without a compiler or the header the install still succeeds (pure-Python paths).
+$(VENV)/.installed: pyproject.toml constraints.txt setup.py $(wildcard router/native/*.c router/native/*.h) | $(BIN)/python system-deps
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[engine,dev]'
+	@$(BIN)/python -c "import router.native as n; print('kvroute core:', n.describe())"
 	touch $@
 
 install: $(VENV)/.installed
 
-# System packages the tests need: a real redis-server and Chromium for the browser test.
+# System packages the tests need: a real redis-server and Chromium for the browser test;
+# libxxhash-dev for the compiled core's chain hash (docs/development.md#the-compiled-core).
 system-deps:
 	@need=""; \
 	command -v redis-server >/dev/null || need="$$need redis-server"; \
 	command -v chromium >/dev/null || need="$$need chromium"; \
+	[ -f /usr/include/xxhash.h ] || need="$$need libxxhash-dev"; \
 	if [ -n "$$need" ]; then \
 	  echo "installing:$$need"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$need; \
@@ -31,8 +36,11 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
+# The suite on the compiled core, then the end-to-end and conformance tests again on the
+# pure-Python paths (tests/router/{index,score} run every case on both cores already).
 test: install system-deps lint
 	$(BIN)/python -m pytest
+	KVROUTE_NATIVE=0 $(BIN)/python -m pytest -q tests/e2e tests/conformance
 
 demo: install
 	$(BIN)/kvroute demo

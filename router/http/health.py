@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
+from router import native
 from router.http.deps import ApiError, get_service
 from router.http.errors import INDEX_DOWN, responses
 from router.metrics import CONTENT_TYPE
@@ -29,7 +30,8 @@ async def readyz(service: RouterService = Depends(get_service)) -> dict[str, str
             "index_unavailable",
             f"the {service.index.kind} index backend does not answer",
         )
-    return {"status": "ready", "index": service.index.kind}
+    # "core": the scorer's compiled core or "python" (router/native, docs/development.md)
+    return {"status": "ready", "index": service.index.kind, "core": native.ACTIVE}
 
 
 @router.get(

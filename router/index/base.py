@@ -232,6 +232,9 @@ class Bits:
     unknown: list[str]
     tables: dict[int, dict[BlockKey, int]]
     slots: int
+    # Per cohort (same order), its members' any-medium bits OR-ed (bit 4s for slot s):
+    # computed once with the cohorts, not per score. Empty: the scorer computes them.
+    masks: list[int] = field(default_factory=list)
 
 
 class IndexBackend(ABC):

@@ -21,10 +21,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from router import native
 from router.index.base import (
     BIT_MEDIA,
     GPU_BIT,
     ApplyResult,
+    Bits,
     BlockKey,
     ClearOp,
     EngineHash,
@@ -96,6 +98,8 @@ class MemoryIndex(MemoryReads):
         self._free: list[int] = []
         self._registrations: dict[str, bytes] = {}  # lives as long as this process
         self._nslots = 0
+        self._gen = 0  # fetch_bits' cache key: bumped when a slot or metadata changes
+        self._bits_cache: dict[tuple[str, ...], tuple[int, Bits]] = {}
         # (slot, medium field) -> the value of a key held by that slot alone, on that
         # medium: one shared int object instead of one per key.
         self._solo: dict[tuple[int, int], int] = {}
@@ -110,6 +114,7 @@ class MemoryIndex(MemoryReads):
         self._free.clear()
         self._solo.clear()
         self._nslots = 0
+        self._gen += 1
 
     async def stats(self) -> dict[str, int | float | str]:
         entries = sum(sum(w.entries.values()) for w in self._workers.values())
@@ -119,7 +124,12 @@ class MemoryIndex(MemoryReads):
         size += sum(sys.getsizeof(m) for w in self._workers.values() for m in w.maps.values())
         # Estimate: a key and a value int per table entry, an engine-hash int per map entry.
         # A shared key shares one value of up to 4 bits per slot; a solo value is shared.
-        size += keys * (_INT_BYTES + 8) + map_entries * _INT_BYTES
+        # The native maps hold keys and engine hashes as uint64 in their slots (counted
+        # by ``getsizeof``): only the value ints are extra.
+        if all(not isinstance(t, dict) for t in self._tables.values()):
+            size += keys * _INT_BYTES
+        else:
+            size += keys * (_INT_BYTES + 8) + map_entries * _INT_BYTES
         return {
             "backend": self.kind,
             "workers": len(self._workers),
@@ -144,6 +154,7 @@ class MemoryIndex(MemoryReads):
                 slot = self._nslots
                 self._nslots += 1
             w = self._workers[worker_id] = _Worker(state, slot, self._layout(state))
+            self._gen += 1
         return w
 
     def _solo_value(self, slot: int, field: int) -> int:
@@ -162,6 +173,7 @@ class MemoryIndex(MemoryReads):
 
     async def save_worker(self, worker_id: str, state: WorkerState) -> None:
         self._worker(worker_id, state).set_state(state, self._layout(state))
+        self._gen += 1
 
     async def known_workers(self) -> list[str]:
         return sorted(self._workers)
@@ -193,6 +205,7 @@ class MemoryIndex(MemoryReads):
         if w.state.groups != groups:
             state = w.state.copy(groups)
             w.set_state(state, self._layout(state))
+            self._gen += 1
         copies = w.copies
         anyb = 1 << (4 * w.slot)  # held on some medium
         own = 0xF * anyb
@@ -217,10 +230,10 @@ class MemoryIndex(MemoryReads):
             bs = groups[g].block_size
             t = self._tables.get(g)
             if t is None:
-                t = self._tables[g] = {}
+                t = self._tables[g] = native.new_table()
             emap = w.maps.get(bs)
             if emap is None:
-                emap = w.maps[bs] = {}
+                emap = w.maps[bs] = native.new_hash_map()
             counts = w.counts.get(g)
             if counts is None:
                 counts = w.counts[g] = [0, 0, 0]
@@ -229,9 +242,23 @@ class MemoryIndex(MemoryReads):
             get = t.get
             new = fresh = 0
             if isinstance(op, StoreOp):
-                setdefault = emap.setdefault
                 bit = op.medium_bit
                 solo = self._solo_value(w.slot, field)
+                store = None if isinstance(t, dict) else getattr(t, "store", None)
+                if store is not None:  # router.native.U64Map: the same loop in C
+                    pos = 4 * w.slot
+                    new, fresh, again = store(
+                        emap, op.hashes, op.keys, pos, pos + field, b | anyb, solo
+                    )
+                    for k in again:  # another physical copy of a block already held
+                        c = (g, bit, k)
+                        copies[c] = copies.get(c, 0) + 1
+                    res.stored += new
+                    res.stored_repeat += len(op.hashes) - new
+                    counts[_BIT_SLOT[op.medium_bit]] += new
+                    w.entries[g] = w.entries.get(g, 0) + fresh
+                    continue
+                setdefault = emap.setdefault
                 for h, k in zip(op.hashes, op.keys, strict=True):
                     k = setdefault(h, k)
                     v = get(k, 0)
@@ -343,6 +370,7 @@ class MemoryIndex(MemoryReads):
     async def remove_worker(self, worker_id: str) -> None:
         w = self._workers.pop(worker_id, None)
         if w is not None:
+            self._gen += 1
             self._clear(w)
             self._free.append(w.slot)
 

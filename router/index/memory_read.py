@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from router import native
 from router.index.base import (
     Bits,
     BlockKey,
@@ -35,6 +36,8 @@ class MemoryReads(IndexBackend):
     _workers: dict[str, Any]
     _tables: dict[int, dict[BlockKey, int]]
     _nslots: int
+    _gen: int  # bumped whenever a worker's slot or metadata changes
+    _bits_cache: dict[tuple[str, ...], tuple[int, Bits]]
 
     def _matrix(self, g: int, keys: Sequence[BlockKey], full: bool) -> NDArray[np.uint8]:
         """(keys x slots) media bitmasks of group ``g``; a full-attention group stops at
@@ -48,7 +51,7 @@ class MemoryReads(IndexBackend):
         if not vals:
             return out
         n, width = len(vals), (ns + 1) // 2  # two slots per byte
-        raw = b"".join(map(int.to_bytes, vals, repeat(width), repeat("little")))
+        raw = native.pack(vals, width)
         rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, width)
         out[:n, 0::2] = (rows >> 1) & 7
         out[:n, 1::2] = ((rows >> 5) & 7)[:, : ns // 2]
@@ -68,7 +71,7 @@ class MemoryReads(IndexBackend):
         if not vals:
             return dict.fromkeys(slots, b"")
         width = (self._nslots + 1) // 2  # two slots per byte
-        raw = b"".join(map(int.to_bytes, vals, repeat(width), repeat("little")))
+        raw = native.pack(vals, width)
         out = {slot: raw[slot // 2 :: width].translate(_NIBBLE[slot % 2]) for slot in slots}
         return out
 
@@ -140,6 +143,21 @@ class MemoryReads(IndexBackend):
         return Columns(list(cohorts.values()), unknown, slots, mats, max(self._nslots, 1))
 
     async def fetch_bits(self, worker_ids: Sequence[str]) -> Bits:
+        """Cohorts list their members by worker id (the scorer's tie order). The answer
+        for a list of ids is reused until a worker is created, removed or changes its
+        metadata (``_gen``): routers ask about the same fleet request after request, and
+        the walk over the ids is what grew with workers. Callers never mutate it."""
+        key = tuple(worker_ids)
+        got = self._bits_cache.get(key)
+        if got is not None and got[0] == self._gen:
+            return got[1]
+        bits = self._bits(worker_ids)
+        if len(self._bits_cache) >= 64:
+            self._bits_cache.clear()
+        self._bits_cache[key] = (self._gen, bits)
+        return bits
+
+    def _bits(self, worker_ids: Sequence[str]) -> Bits:
         cohorts: dict[int, tuple[WorkerSnapshot, list[tuple[str, int]]]] = {}
         unknown: list[str] = []
         workers = self._workers
@@ -152,7 +170,11 @@ class MemoryReads(IndexBackend):
             if c is None:
                 c = cohorts[w.layout] = (w.snap, [])
             c[1].append((wid, w.slot))
-        return Bits(list(cohorts.values()), unknown, self._tables, max(self._nslots, 1))
+        masks = []
+        for _, members in cohorts.values():
+            members.sort()
+            masks.append(sum(1 << (4 * s) for _, s in members))
+        return Bits(list(cohorts.values()), unknown, self._tables, max(self._nslots, 1), masks)
 
 
 def _values(table: dict[BlockKey, int], keys: Sequence[BlockKey], full: bool) -> list[int]:

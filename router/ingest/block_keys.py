@@ -48,6 +48,7 @@ from typing import Any
 import msgspec
 import xxhash
 
+from router import native
 from schemas.hashing import HASH_ALGOS, NONE_HASH_SEED, external_hash, hash_block
 
 _msgpack = msgspec.msgpack.Encoder()
@@ -90,6 +91,10 @@ def chain_keys(
     """Keys of ``n_blocks`` consecutive blocks of ``tokens`` chained from ``parent``."""
     xxh = _xxh3_64
     seed = int.from_bytes(parent, "big")
+    if native.chain is not None and extras is None:  # router/native: the same keys in C
+        got = native.chain(seed, tokens, block_size, n_blocks)
+        if got is not None:
+            return got
     out: list[int] = []
     push = out.append
     tb = _encode_tokens(tokens[: n_blocks * block_size])

@@ -32,13 +32,16 @@ from operator import and_, ne, or_
 
 import numpy as np
 
+from router import native
 from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
-from router.score.rows import GroupRow, WorkerRow
+from router.score.rows import GroupRow, WorkerRow, sort_rows
 from router.score.rule import Plan
 from schemas.hit_rule import max_candidate
 
 ALL = -1  # every bit set: what an empty window (a hit ending at block 0) accepts
 Classes = dict[int, int]  # value (tokens) -> bitset of slots
+# A class of slots' (hit, hit_gpu, score or None, group rows).
+_Proto = tuple[int, int, float | None, list[GroupRow]]
 
 
 def prefix_classes(pa: list[int]) -> Classes:
@@ -120,7 +123,7 @@ def _view(
     vals: dict[int, list[int]],
     cands: dict[int, list[int]],
     joint_cand: list[int] | None,
-    full_pa: dict[int, list[int]],
+    full_cls: dict[int, Classes],
     top: int,
     mask: int,
 ) -> tuple[Classes, list[Classes]]:
@@ -132,11 +135,11 @@ def _view(
     for g, (bs, rule, _) in enumerate(plan.shapes):
         if rule != "full":
             continue
-        pa = full_pa.get(g)
-        if pa is None:
-            pa = list(takewhile(bool, accumulate(vals[g], and_, initial=mask)))
+        pc = full_cls.get(g)
+        if pc is None:
+            pc = prefix_classes(list(takewhile(bool, accumulate(vals[g], and_, initial=mask))))
         cls: Classes = {}
-        for blocks, bits in prefix_classes(pa).items():
+        for blocks, bits in pc.items():
             v = min(blocks * bs, top) // step * step
             cls[v] = cls.get(v, 0) | bits
         own[g] = cls
@@ -202,7 +205,7 @@ def _tier_counts(
         zero = np.zeros(m, dtype=np.int64)
         return zero, zero, count, count
     width = (nslots + 1) // 2  # two slots per byte
-    raw = b"".join(map(int.to_bytes, parts, repeat(width), repeat("little")))
+    raw = native.pack(parts, width)
     rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(parts), width)
     nib = 4 * (idx % 2)
     shift = np.concatenate([nib + 1, nib + 2]).astype(np.uint8)  # GPU, CPU bits
@@ -224,44 +227,57 @@ def cohort_rows(
     keys: Sequence[Sequence[BlockKey]],
     n: int,
     weight: list[float],
+    ordered: bool = False,
+    mask: int = 0,
 ) -> list[WorkerRow]:
     """Rows of one cohort (workers of one group layout); ``keys[g]``: group ``g``'s
-    request block keys."""
+    request block keys. ``ordered``: best first, as ``sort_rows`` orders them.
+    ``mask``: the members' any-medium bits when known (``Bits.masks``)."""
     nslots = bits.slots
     step = plan.step
     top = max_candidate(n, step)
-    cohort = 0  # the cohort's any-medium bits (bit 4s for slot s)
-    for _, s in members:
-        cohort |= 1 << (4 * s)
+    cohort = mask  # the cohort's any-medium bits (bit 4s for slot s)
+    if not cohort:
+        for _, s in members:
+            cohort |= 1 << (4 * s)
     tables = bits.tables
     vals: dict[int, list[int]] = {}
-    full_pa: dict[int, list[int]] = {}
+    ors: dict[int, int] = {}  # group -> the OR of vals[g], when the lookup gave it
+    full_cls: dict[int, Classes] = {}  # group -> its prefix classes (``prefix_classes``)
     reach = top  # tokens any slot can hit: the longest full-attention prefix
     for g, (bs, rule, _) in enumerate(plan.shapes):
         if rule != "full":
             continue
-        get = (tables.get(g) or {}).get
+        t = tables.get(g) or {}
         ks = keys[g]
-        pa = list(takewhile(bool, accumulate(map(get, ks, repeat(0)), and_, initial=cohort)))
-        full_pa[g] = pa
-        depth = len(pa) - 1
-        vals[g] = list(map(get, islice(ks, depth)))
+        if isinstance(t, dict):
+            get = t.get
+            pa = list(takewhile(bool, accumulate(map(get, ks, repeat(0)), and_, initial=cohort)))
+            depth = len(pa) - 1
+            vals[g] = list(map(get, islice(ks, depth)))
+            full_cls[g] = prefix_classes(pa)
+        else:  # router.native.U64Map: the classes, values and their OR from one C call
+            full_cls[g], vals[g], ors[g] = t.prefix(ks, cohort)
+            depth = len(vals[g])
         reach = min(reach, depth * bs)
     blocks: dict[int, tuple[int, list[int]]] = {}
     for g, (bs, rule, wb) in enumerate(plan.shapes):
         if rule == "full":
             continue
-        get = (tables.get(g) or {}).get
-        vals[g] = list(map(get, islice(keys[g], reach // bs), repeat(0)))
+        t = tables.get(g) or {}
+        if isinstance(t, dict):
+            vals[g] = list(map(t.get, islice(keys[g], reach // bs), repeat(0)))
+        else:  # router.native.U64Map: batched, prefetched lookups
+            vals[g] = t.lookup(keys[g], reach // bs, 0)
         blocks[g] = (bs, accepts(vals[g], rule, wb))
     cands = {g: _candidates([b], step) for g, b in blocks.items()}
     joint = _candidates(list(blocks.values()), step) if len(blocks) > 1 else None
-    hit, own = _view(plan, vals, cands, joint, full_pa, top, cohort)
+    hit, own = _view(plan, vals, cands, joint, full_cls, top, cohort)
     # Slots holding some read block on CPU or STORAGE: only their GPU view differs.
     off = 0
-    for v in vals.values():
+    for g, v in vals.items():
         if v:
-            r = reduce(or_, v)
+            r = ors[g] if g in ors else reduce(or_, v)
             off |= (r >> 2) | (r >> 3)  # CPU or STORAGE bits moved onto any-medium bits
     off &= cohort
     if off:
@@ -279,40 +295,53 @@ def cohort_rows(
         if j == len(uniq):
             uniq.append(attr)
         where.append(j)
-    per_slot = _labels(uniq, nslots, [4 * s for _, s in members])
+    order = [4 * s for _, s in members]
     g_n = len(metas)
     wg = weight[GPU_BIT]
     shapes = plan.shapes
-    out: list[WorkerRow] = []
-    append = out.append
-    memo: dict[tuple[int, ...], tuple[list[GroupRow], float | None]] = {}
-    mixed: list[tuple[str, int, int, int, list[GroupRow]]] = []
-    for (wid, slot), row in zip(members, per_slot, strict=True):
-        key = tuple(row)
-        got = memo.get(key)
+
+    def make(key: tuple[int, ...]) -> _Proto:
+        """(hit, hit_gpu, score or None when offloaded blocks weigh in, group rows) of
+        one class of slots (``key``: its labels)."""
         h, hg = key[where[0]], key[where[1]]
-        if got is None:
-            og = [key[where[2 + g]] for g in range(g_n)]
-            ogg = [key[where[2 + g_n + g]] for g in range(g_n)]
-            rows = [
-                GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)
-            ]
-            score: float | None = 0.0
-            if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
-                score = None
-            elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
-                count = 0
-                for bs, rule, wb in shapes:
-                    end = h // bs
-                    count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
-                total = count * wg + 0 * weight[2] + 0 * weight[4]
-                score = round(max(h * total / count if count else float(h), hg * wg), 3)
-            got = memo[key] = (rows, score)
-        rows, score = got
-        if score is None:
-            mixed.append((wid, slot, h, hg, rows))
-        else:
-            append(WorkerRow(wid, h, hg, score, True, list(rows)))
+        og = [key[where[2 + g]] for g in range(g_n)]
+        ogg = [key[where[2 + g_n + g]] for g in range(g_n)]
+        rows = [GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)]
+        score: float | None = 0.0
+        if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
+            score = None
+        elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
+            count = 0
+            for bs, rule, wb in shapes:
+                end = h // bs
+                count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
+            total = count * wg + 0 * weight[2] + 0 * weight[4]
+            score = round(max(h * total / count if count else float(h), hg * wg), 3)
+        return h, hg, score, rows
+
+    memo: dict[tuple[int, ...], _Proto] = {}
+    if native.rows is not None:  # router/native: labels and rows in C, same answers
+        # ``fetch_bits`` lists a cohort's members by id, so C's order by (score, hit),
+        # ties in member order, is ``sort_rows``'s.
+        wids = [wid for wid, _ in members]
+        nbytes = (4 * nslots + 7) // 8
+        out, idx = native.rows(WorkerRow, wids, order, uniq, nbytes, memo, make, ordered)
+        late = [(members[i], proto) for i, proto in idx]
+    else:
+        out = []
+        late = []
+        per_slot = _labels(uniq, nslots, order)
+        for member, row in zip(members, per_slot, strict=True):
+            key = tuple(row)
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = make(key)
+            if got[2] is None:
+                late.append((member, got))
+            else:
+                out.append(WorkerRow(member[0], got[0], got[1], got[2], True, list(got[3])))
+    append = out.append
+    mixed = [(wid, slot, h, hg, rows) for (wid, slot), (h, hg, _, rows) in late]
     if mixed:  # the same float operations as ``Scorer._weighted``, for all at once
         hits = [m[2] for m in mixed]
         ng, nc, ns, cnt = _tier_counts(plan, vals, nslots, [m[1] for m in mixed], hits)
@@ -320,6 +349,8 @@ def cohort_rows(
         fl = (np.asarray(hits) * total / np.maximum(cnt, 1)).tolist()
         for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
             append(WorkerRow(wid, h, hg, round(max(f, hg * wg), 3), True, list(rows)))
+    if ordered and (mixed or native.rows is None):
+        sort_rows(out)
     return out
 
 
@@ -330,7 +361,7 @@ def _labels(attrs: list[Classes], nslots: int, order: list[int]) -> list[list[in
     ``argmax``."""
     width = (nslots + 1) // 2
     bitsets = [b for a in attrs for b in a.values()]
-    raw = b"".join(map(int.to_bytes, bitsets, repeat(width), repeat("little")))
+    raw = native.pack(bitsets, width)
     bits = np.unpackbits(
         np.frombuffer(raw, dtype=np.uint8).reshape(len(bitsets), width), axis=1, bitorder="little"
     )[:, order]

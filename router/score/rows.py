@@ -1,6 +1,8 @@
 """The score result as msgspec Structs, shared by the scorer's paths.
 
-The same fields, order and defaults as ``schemas.rest``'s ``GroupScore`` /
+Rows are not tracked by the garbage collector (``gc=False``: they hold scalars and a
+list of GroupRows, never a cycle), so a score's hundreds of rows do not trigger
+collections. The same fields, order and defaults as ``schemas.rest``'s ``GroupScore`` /
 ``WorkerScore`` / ``ScoreResponse``, so ``msgspec.json.encode`` of a result is the JSON
 of the validated pydantic model (tested) at a fraction of the cost -- /v1/score answers
 with it; ``Scorer.score`` still returns the pydantic model. Split from
@@ -12,13 +14,14 @@ without importing the scorer, and so do they decide alike which cohorts they can
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 
 import msgspec
 
 from router.index.base import GroupMeta, WorkerSnapshot
 
 
-class GroupRow(msgspec.Struct):
+class GroupRow(msgspec.Struct, gc=False):
     group_idx: int
     kind: str | None = None
     block_size: int | None = None
@@ -27,7 +30,7 @@ class GroupRow(msgspec.Struct):
     hit_tokens_gpu: int = 0
 
 
-class WorkerRow(msgspec.Struct):
+class WorkerRow(msgspec.Struct, gc=False):
     worker_id: str
     hit_tokens: int
     hit_tokens_gpu: int
@@ -66,3 +69,17 @@ def bulk_metas(
     ):
         return None
     return metas
+
+
+_BY_ID = attrgetter("worker_id")
+_BY_HIT = attrgetter("hit_tokens")
+_BY_SCORE = attrgetter("score")
+
+
+def sort_rows(rows: list[WorkerRow]) -> list[WorkerRow]:
+    """Best first, in place: score, then hit tokens, then worker id (stable sorts, keys
+    in C)."""
+    rows.sort(key=_BY_ID)
+    rows.sort(key=_BY_HIT, reverse=True)
+    rows.sort(key=_BY_SCORE, reverse=True)
+    return rows

@@ -22,11 +22,11 @@ which changes no answer but makes a worker's cost proportional to what it holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import Any
 
 import msgspec
 
+from router import native
 from router.index.base import (
     CPU_BIT,
     DEFAULT_TIER_WEIGHTS,
@@ -43,7 +43,7 @@ from router.ingest.block_keys import request_keys
 from router.ingest.placement import block_keys_at
 from router.score.bits import cohort_rows
 from router.score.partial_entries import PartialLookup
-from router.score.rows import GroupRow, ScoreResult, WorkerRow, bulk_metas
+from router.score.rows import GroupRow, ScoreResult, WorkerRow, bulk_metas, sort_rows
 from router.score.rule import Plan, tier, truncate
 from router.score.vec import columns_rows
 from schemas.rest import ScoreResponse
@@ -59,6 +59,11 @@ COLUMNS_MIN_WORKERS = 32
 # "typical" fleet (offloaded workers need per-worker counts); at 64 workers about the
 # same all-hit and slower typical.
 BITS_MIN_WORKERS = 128
+# With the compiled core (router/native: C lookups with prefetching, labels and rows in
+# C) the bitset path is the fastest from one worker on the one-group workload of
+# benchmarks/dynamo_side_by_side.py (0.09 vs 0.2 ms at 8 workers) and within noise of
+# the other paths on router_core.py's hybrid fleets (docs/benchmarks.md, round 3).
+BITS_MIN_WORKERS_NATIVE = 1
 
 
 _encoder = msgspec.json.Encoder()
@@ -89,7 +94,7 @@ class Scorer:
         columns: bool = True,
         columns_min_workers: int = COLUMNS_MIN_WORKERS,
         bits: bool = True,
-        bits_min_workers: int = BITS_MIN_WORKERS,
+        bits_min_workers: int | None = None,
     ) -> None:
         self.index = index
         # False: always the per-worker path (benchmarks compare the paths in one run).
@@ -97,6 +102,8 @@ class Scorer:
         # False: the numpy columns path instead of bitsets (when the backend has both).
         self.bits = bits
         self.columns_min_workers = columns_min_workers
+        # None: BITS_MIN_WORKERS_NATIVE on the compiled core, else BITS_MIN_WORKERS
+        # (decided per score: tests switch cores within one process).
         self.bits_min_workers = bits_min_workers
         self.tier_weights = {**DEFAULT_TIER_WEIGHTS, **(tier_weights or {})}
         w = self.tier_weights
@@ -167,12 +174,19 @@ class Scorer:
         # (router.score.partial_entries): their workers take the per-worker path.
         if waiting := PartialLookup.open(self.index, ids, token_ids, lora_name, cache_salt):
             return _sorted(n, await self._via_snapshots(ids, keys, used, keys_for, n, waiting))
-        use_bits = self.columns and self.bits and len(ids) >= self.bits_min_workers
+        bits_min = self.bits_min_workers
+        if bits_min is None:
+            bits_min = BITS_MIN_WORKERS if native.ACTIVE == "python" else BITS_MIN_WORKERS_NATIVE
+        use_bits = self.columns and self.bits and len(ids) >= bits_min
         bits = await self.index.fetch_bits(ids) if use_bits else None
         if bits is not None:
-            rows, rest = self._via_bits(bits, keys, used, n)
+            # One cohort and nothing else: its rows come out best first already.
+            ordered = len(bits.cohorts) == 1 and not bits.unknown
+            rows, rest = self._via_bits(bits, keys, used, n, ordered)
             if rest:
                 rows += await self._via_snapshots(rest, keys, used, keys_for, n)
+            elif ordered:
+                return ScoreResult(n, rows)
             return _sorted(n, rows)
         wide = self.columns and len(ids) >= self.columns_min_workers
         cols = await self.index.fetch_columns(ids, keys) if wide else None
@@ -185,13 +199,20 @@ class Scorer:
         return _sorted(n, rows)
 
     def _via_bits(
-        self, bits: Bits, keys: dict[int, Sequence[BlockKey]], used: dict[int, int], n: int
+        self,
+        bits: Bits,
+        keys: dict[int, Sequence[BlockKey]],
+        used: dict[int, int],
+        n: int,
+        ordered: bool = False,
     ) -> tuple[list[WorkerRow], list[str]]:
         """Rows computed per cohort on presence bitsets (``router.score.bits``), and the
-        workers that need ``_via_snapshots`` instead (as ``_via_columns`` decides)."""
+        workers that need ``_via_snapshots`` instead (as ``_via_columns`` decides).
+        ``ordered``: each cohort's rows best first (``sort_rows``)."""
         out: list[WorkerRow] = [WorkerRow(w, 0, 0, 0.0, False) for w in bits.unknown]
         rest: list[str] = []
-        for snap, members in bits.cohorts:
+        masks = bits.masks or [0] * len(bits.cohorts)
+        for (snap, members), mask in zip(bits.cohorts, masks, strict=True):
             groups = snap.groups
             if not groups:
                 out += [WorkerRow(w, 0, 0, 0.0, False) for w, _ in members]
@@ -202,7 +223,9 @@ class Scorer:
                 continue
             plan = self._plan(metas)
             group_keys = [keys[m.block_size] for m in metas]
-            out += cohort_rows(plan, metas, members, bits, group_keys, n, self._weight)
+            out += cohort_rows(
+                plan, metas, members, bits, group_keys, n, self._weight, ordered, mask
+            )
         return out, rest
 
     async def _via_snapshots(
@@ -337,19 +360,11 @@ class Scorer:
 
 
 def _sorted(n: int, rows: list[WorkerRow]) -> ScoreResult:
-    """Best first: score, then hit tokens, then worker id (stable sorts, keys in C)."""
-    rows.sort(key=_BY_ID)
-    rows.sort(key=_BY_HIT, reverse=True)
-    rows.sort(key=_BY_SCORE, reverse=True)
-    return ScoreResult(n, rows)
+    """Best first: score, then hit tokens, then worker id."""
+    return ScoreResult(n, sort_rows(rows))
 
 
 def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
     if meta is None:
         return GroupRow(g, learned=False)
     return GroupRow(g, meta.kind, meta.block_size)
-
-
-_BY_ID = attrgetter("worker_id")
-_BY_HIT = attrgetter("hit_tokens")
-_BY_SCORE = attrgetter("score")

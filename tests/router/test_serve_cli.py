@@ -153,7 +153,9 @@ def test_workers_from_env_and_json_logs(serve: Any):
 
 def test_redis_index_from_flags(serve: Any, redis_url: str):
     s = serve(["--index", "redis", "--redis-url", redis_url])
-    assert httpx.get(s.url + "/readyz").json() == {"status": "ready", "index": "redis"}
+    ready = httpx.get(s.url + "/readyz").json()
+    assert ready == {"status": "ready", "index": "redis", "core": ready["core"]}
+    assert ready["core"] in ("native", "native-nohash", "python")  # router/native
     assert httpx.get(s.url + "/v1/index/stats").json()["backend"] == "redis"
 
 

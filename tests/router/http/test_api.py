@@ -12,6 +12,7 @@ import httpx
 import pytest
 from _helpers import FakeEngine, batch, serve_app, stored, wait_seq, wait_until
 
+from router import native
 from router.config import RouterSettings
 from router.http import create_app
 from router.service import RouterService
@@ -51,6 +52,7 @@ async def test_health_ready_docs(client: httpx.AsyncClient):
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     r = await client.get("/readyz")
     assert r.status_code == 200 and r.json()["index"] == "memory"
+    assert r.json()["core"] == native.ACTIVE  # which scoring core runs (router/native)
     assert (await client.get("/docs")).status_code == 200
     paths = (await client.get("/openapi.json")).json()["paths"]
     for p in ("/v1/workers", "/v1/workers/{worker_id}", "/v1/score", "/v1/index/stats"):

@@ -36,3 +36,9 @@ async def make_harness(
 @pytest.fixture
 def harness(make_harness: Callable[..., Harness]) -> Harness:
     return make_harness()
+
+
+@pytest.fixture(autouse=True)
+def _both_cores(core: str) -> str:
+    """Every index test runs on both cores (compiled and pure Python, router/native)."""
+    return core

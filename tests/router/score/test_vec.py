@@ -106,3 +106,42 @@ def _keys_for(toks: list[int], bs: int, unit: int | None) -> list[int]:
     """The scorer's keys for a block size read at a hash unit (``Scorer.score_result``)."""
     u = unit if unit and bs % unit == 0 else bs
     return block_keys_at(request_keys(toks, u), bs // u)
+
+
+@pytest.mark.parametrize("n_workers", [3, 40, 70])
+async def test_native_and_python_cores_answer_alike(n_workers: int) -> None:
+    """The same random fleet fed to an index built on the compiled core (U64Map tables,
+    C chain, C rows) and to one built on the pure-Python paths: every score is the same
+    JSON, on every path (bits, columns, per worker)."""
+    from router import native
+
+    if not native.available():
+        pytest.skip("the compiled core is not built here")
+    before = native.ACTIVE != "python"
+    answers: dict[bool, list[bytes]] = {}
+    hits = 0
+    try:
+        for on in (True, False):
+            native.set_active(on)
+            index = make_index("memory")
+            harness = Harness.build(index)
+            got = answers[on] = []
+            for seed in range(3):
+                await index.close()
+                prompts = await _fleet(harness, n_workers, ["swa", "mamba", "full"], seed)
+                workers = [f"w{w}" for w in range(n_workers)] + ["never-seen"]
+                scorers = [
+                    Scorer(index, columns_min_workers=0, bits_min_workers=0),
+                    Scorer(index, columns_min_workers=0, bits=False),
+                    Scorer(index, columns=False),
+                ]
+                for scorer in scorers:
+                    for toks in prompts:
+                        for length in (len(toks), 200, 17):
+                            res = await scorer.score_result(toks[:length], workers)
+                            got.append(msgspec.json.encode(res))
+                            hits += sum(r.hit_tokens > 0 for r in res.workers)
+    finally:
+        native.set_active(before)
+    assert answers[True] == answers[False]
+    assert hits > 20  # real hits were compared

@@ -1,0 +1,39 @@
+/* kvroute's optional compiled core: the module (router/native/__init__.py explains what
+ * it is for and the pure-Python fallback; core.h lists the sources). */
+#include "core.h"
+
+static PyMethodDef module_methods[] = {
+#ifdef KVR_XXHASH
+    {"chain", (PyCFunction)(void (*)(void))kvr_chain, METH_FASTCALL,
+     "chain(seed, tokens, block_size, n_blocks) -> keys | None"},
+#endif
+    {"rows", (PyCFunction)(void (*)(void))kvr_rows, METH_FASTCALL,
+     "rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered) -> (rows, mixed)"},
+    {"pack", (PyCFunction)(void (*)(void))kvr_pack, METH_FASTCALL,
+     "pack(ints, width) -> their little-endian bytes, joined"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_core", "kvroute's compiled core", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    if (PyType_Ready(&KvrMapType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&KvrMapType);
+    if (PyModule_AddObject(m, "U64Map", (PyObject *)&KvrMapType) < 0) {
+        Py_DECREF(&KvrMapType);
+        Py_DECREF(m);
+        return NULL;
+    }
+#ifdef KVR_XXHASH
+    PyModule_AddIntConstant(m, "HAS_XXHASH", 1);
+#else
+    PyModule_AddIntConstant(m, "HAS_XXHASH", 0);
+#endif
+    return m;
+}

@@ -1,0 +1,87 @@
+/* Shared declarations of kvroute's compiled core (router/native/__init__.py: why, and
+ * the fallback). One extension module, ``router.native._core``, from these sources:
+ * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), chain.c (block keys), rows.c (the
+ * scorer's per-worker rows), pack.c (bitset bytes), _core.c (the module). */
+#ifndef KVR_CORE_H
+#define KVR_CORE_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t key; /* 0: empty */
+    union {
+        PyObject *obj;
+        uint64_t u;
+    } v;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    Py_ssize_t mask; /* capacity - 1 (capacity a power of two), -1 when unallocated */
+    Py_ssize_t used;
+    int u64vals;
+    PyObject *extra; /* dict or NULL */
+} MapObject;
+
+extern PyTypeObject KvrMapType;
+
+static inline uint64_t kvr_mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+/* A non-negative exact int's digits, read in place (the CPython layouts this builds
+ * against); 0 when not available, and callers take the general path. */
+static inline int digits_of(PyObject *o, const digit **d, Py_ssize_t *n) {
+    if (!PyLong_CheckExact(o))
+        return 0;
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000
+    uintptr_t tag = ((PyLongObject *)o)->long_value.lv_tag;
+    if ((tag & 3) == 2) /* negative */
+        return 0;
+    *n = (Py_ssize_t)(tag >> 3);
+    *d = ((PyLongObject *)o)->long_value.ob_digit;
+    return 1;
+#elif PY_VERSION_HEX < 0x030C0000
+    Py_ssize_t size = Py_SIZE(o);
+    if (size < 0)
+        return 0;
+    *n = size;
+    *d = ((PyLongObject *)o)->ob_digit;
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* map.c */
+PyObject *kvr_map_lookup(MapObject *m, PyObject *key);
+int kvr_map_store(MapObject *m, PyObject *key, PyObject *value);
+int kvr_map_remove(MapObject *m, PyObject *key);
+void kvr_map_clear_all(MapObject *m);
+PyObject *kvr_map_setdefault(MapObject *m, PyObject *key, PyObject *value);
+int kvr_as_key(PyObject *o, uint64_t *out);
+Slot *kvr_find(MapObject *m, uint64_t k);
+PyObject *kvr_slot_value(MapObject *m, Slot *s);
+int kvr_extra_nonempty(MapObject *m);
+/* map_scan.c */
+PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kvr_map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
+/* map_store.c */
+PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
+/* chain.c (only with libxxhash) */
+PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* pack.c */
+int kvr_int_bytes(PyObject *v, unsigned char *buf, Py_ssize_t n);
+PyObject *kvr_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* rows.c */
+PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+#endif

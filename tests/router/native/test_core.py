@@ -1,0 +1,206 @@
+"""The compiled core (router/native/_core.c) against the Python it replaces: a dict, the
+block-key chain of router.ingest.block_keys, int.to_bytes, and the scorer's loops."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from router import native
+from router.ingest.block_keys import chain_keys, root_digest
+from router.score.bits import _labels, prefix_classes
+from router.score.rows import GroupRow, WorkerRow, sort_rows
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="compiled core not built")
+core = native._core
+
+
+@pytest.fixture
+def python_core() -> Iterator[None]:
+    before = native.ACTIVE != "python"
+    native.set_active(False)
+    yield
+    native.set_active(before)
+
+
+def _random_key(rng: random.Random) -> object:
+    return rng.choice(
+        [rng.randrange(1, 500), 0, -5, 2**64 + 3, 2**64 - 1, b"hash", rng.randrange(2**64)]
+    )
+
+
+@pytest.mark.parametrize("u64_values", [False, True])
+def test_u64map_answers_like_a_dict(u64_values: bool) -> None:
+    """Random inserts, deletes, gets and setdefaults on colliding small keys, keys the
+    table cannot hold natively (0, negative, > 64 bits, bytes) and values that do not
+    fit uint64 (kept on the side): every answer and the final contents equal a dict's."""
+    rng = random.Random(7)
+    m, d = core.U64Map(u64_values=u64_values), {}
+    for _ in range(30_000):
+        op = rng.random()
+        k = _random_key(rng)
+        v = rng.choice([rng.randrange(2**64), -1, 2**70, 7])
+        if op < 0.4:
+            m[k] = v
+            d[k] = v
+        elif op < 0.6:
+            assert (k in m) == (k in d)
+            if k in d:
+                assert m.pop(k) == d.pop(k)
+            else:
+                with pytest.raises(KeyError):
+                    del m[k]
+        elif op < 0.8:
+            assert m.get(k, "none") == d.get(k, "none")
+        else:
+            assert m.setdefault(k, v) == d.setdefault(k, v)
+        assert len(m) == len(d)
+    assert sorted(map(repr, m.items())) == sorted(map(repr, d.items()))
+    assert sorted(map(repr, m)) == sorted(map(repr, d.keys()))
+    assert sorted(map(repr, m.values())) == sorted(map(repr, d.values()))
+    m.clear()
+    assert len(m) == 0 and not m and m.get(1) is None
+
+
+def test_prefix_and_lookup_equal_the_python_forms() -> None:
+    """``prefix``: the running AND with early exit of router/score/bits.py, as its prefix
+    classes; ``lookup``: the values with a default; across batch boundaries, with
+    side-dict keys and with runs of equal values."""
+    from functools import reduce
+    from itertools import accumulate, islice, repeat, takewhile
+    from operator import and_, or_
+
+    rng = random.Random(3)
+    for trial in range(300):
+        d: dict[object, int] = {}
+        m = core.U64Map()
+        keys = [rng.randrange(1, 2**64) for _ in range(rng.randrange(0, 120))]
+        if keys and trial % 5 == 0:
+            keys[rng.randrange(len(keys))] = -7  # a side-dict key
+        init = rng.randrange(1, 2**12)
+        for i, k in enumerate(keys):
+            if rng.random() < 0.97:
+                v = init | rng.randrange(2**12) if i < len(keys) * 0.8 else rng.randrange(2**12)
+                if i and rng.random() < 0.3:  # a run of equal values (shared holders)
+                    v = d.get(keys[i - 1], v)
+                d[k] = m[k] = v
+        get = d.get
+        pa = list(takewhile(bool, accumulate(map(get, keys, repeat(0)), and_, initial=init)))
+        vals = list(map(get, islice(keys, len(pa) - 1)))
+        classes, got_vals, any_bits = m.prefix(keys, init)
+        assert list(classes.items()) == list(prefix_classes(pa).items())  # order too
+        assert (got_vals, any_bits) == (vals, reduce(or_, vals, 0))
+        n = rng.randrange(0, len(keys) + 2)
+        assert m.lookup(keys, n, 0) == [d.get(k, 0) for k in keys[:n]]
+
+
+@pytest.mark.skipif(not hasattr(core, "chain"), reason="built without libxxhash")
+def test_chain_equals_the_python_chain(python_core: None) -> None:
+    rng = random.Random(1)
+    parent = root_digest("lora", "salt")
+    seed = int.from_bytes(parent, "big")
+    for _ in range(200):
+        bs = rng.choice([1, 4, 16, 32])
+        n = rng.randrange(0, 40)
+        toks = [rng.randrange(-(2**31), 2**31) for _ in range(n * bs + rng.randrange(3))]
+        assert core.chain(seed, toks, bs, n) == chain_keys(parent, toks, bs, n)
+    # Tokens outside int32 or not ints: None, the Python path's per-block encoding.
+    assert core.chain(seed, [2**31], 1, 1) is None
+    assert core.chain(seed, ["x"], 1, 1) is None
+    with pytest.raises(ValueError):
+        core.chain(seed, [1, 2], 2, 2)
+
+
+def test_pack_equals_to_bytes() -> None:
+    rng = random.Random(2)
+    for width in (0, 1, 3, 16, 33):
+        ints = [rng.randrange(2 ** (8 * width)) if width else 0 for _ in range(50)]
+        assert core.pack(ints, width) == b"".join(i.to_bytes(width, "little") for i in ints)
+    with pytest.raises(OverflowError):
+        core.pack([256], 1)
+    with pytest.raises(OverflowError):
+        core.pack([-1], 4)
+
+
+def test_rows_equal_the_python_loop() -> None:
+    """Members' classes from the attrs' bitsets (what ``_labels`` computes with numpy),
+    a prototype per class, rows best first with ties in member order (members come
+    sorted by id), the unscored members apart: equal to the Python loop and
+    ``sort_rows``, on random class layouts up to 150 slots."""
+    rng = random.Random(4)
+    for trial in range(150):
+        nslots = rng.randrange(1, 150)
+        slots = rng.sample(range(nslots), k=rng.randrange(1, nslots + 1))
+        wids = sorted(f"w{s:03d}" for s in slots)
+        by_id = dict(zip(sorted(f"w{s:03d}" for s in slots), sorted(slots), strict=True))
+        order = [4 * by_id[w] for w in wids]
+        attrs = []
+        for _ in range(rng.randrange(2, 5)):
+            classes: dict[int, int] = {}
+            for s in slots:
+                v = rng.choice([0, 16, 32, 48])
+                classes[v] = classes.get(v, 0) | 1 << (4 * s)
+            attrs.append(classes)
+
+        def make(key: tuple[int, ...]) -> tuple[int, int, float | None, list[GroupRow]]:
+            h, hg = key[0], key[1]
+            score = None if h == 48 and hg == 0 else float(max(h, hg))
+            return h, hg, score, [GroupRow(0, "full_attention", 16, True, h, hg)]
+
+        memo: dict[tuple[int, ...], object] = {}
+        ordered = trial % 2 == 0
+        got, mixed = core.rows(
+            WorkerRow, wids, order, attrs, (4 * nslots + 7) // 8, memo, make, ordered
+        )
+        want, want_mixed = [], []
+        for i, (w, lab) in enumerate(zip(wids, _labels(attrs, nslots, order), strict=True)):
+            h, hg, score, rows = make(tuple(lab))
+            if score is None:
+                want_mixed.append((i, make(tuple(lab))))
+            else:
+                want.append(WorkerRow(w, h, hg, score, True, list(rows)))
+        if ordered:
+            sort_rows(want)
+        assert msgspec.json.encode(got) == msgspec.json.encode(want)
+        assert [(i, p[:3]) for i, p in mixed] == [(i, p[:3]) for i, p in want_mixed]
+        assert len({id(r.groups) for r in got}) == len(got)  # no row shares a list
+        assert len(memo) <= len(slots)
+
+
+def test_store_equals_the_python_store_loop() -> None:
+    """``U64Map.store``: MemoryIndex.apply's StoreOp loop (engine-hash map setdefault,
+    bit set, copies of held blocks), on a native and on a dict engine-hash map."""
+    rng = random.Random(6)
+    for emap_kind in ("native", "dict"):
+        t, emap = core.U64Map(), core.U64Map(u64_values=True) if emap_kind == "native" else {}
+        ref_t: dict[int, int] = {}
+        ref_emap: dict[object, int] = {}
+        for _ in range(400):
+            slot, field = rng.randrange(70), rng.randrange(1, 4)
+            anyb = 1 << (4 * slot)
+            b = anyb << field
+            own = 0xF * anyb
+            solo = (1 | 1 << field) << (4 * slot)
+            n = rng.randrange(0, 12)
+            hashes = [
+                rng.choice([rng.randrange(1, 60), b"h%d" % rng.randrange(9)]) for _ in range(n)
+            ]
+            keys = [rng.randrange(1, 80) for _ in range(n)]
+            got = t.store(emap, hashes, keys, 4 * slot, 4 * slot + field, b | anyb, solo)
+            new = fresh = 0
+            again = []
+            for h, k in zip(hashes, keys, strict=True):
+                k = ref_emap.setdefault(h, k)
+                v = ref_t.get(k, 0)
+                if not v & b:
+                    fresh += not v & own
+                    ref_t[k] = v | b | anyb if v else solo
+                    new += 1
+                else:
+                    again.append(k)
+            assert got == (new, fresh, again)
+        assert dict(t.items()) == ref_t
+        assert dict(emap.items()) == ref_emap
