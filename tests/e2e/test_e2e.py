@@ -236,8 +236,10 @@ async def test_kvroute_engine_scores_equal_cached_tokens(
         if engine_proc["proc"].poll() is not None:
             raise AssertionError(engine_proc["log"].read_text())
         try:
-            return (await eng.get("/health")).status_code == 200
-        except httpx.HTTPError:
+            r = await eng.get("/health")
+            # Our engine, not another suite's server that took the port first.
+            return r.status_code == 200 and r.json().get("worker_id") == "eng0"
+        except (httpx.HTTPError, ValueError):
             return False
 
     await wait_until(engine_up, timeout=90, what="kvroute engine up")
