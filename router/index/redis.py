@@ -1,24 +1,22 @@
 """The Redis index: shared by router replicas, survives router restarts.
 
 Why Lua: a batch is applied by one script call (one round trip, atomic, idempotent under
-retries) and a score fetches every worker's membership with one script call per node
-(one round trip on a single server; on a cluster the calls to the nodes run
-concurrently). Cluster: ``redis+cluster://host:port`` (any node). Every key of a worker
-carries its hash tag ``{w:<id>}``, so ingest (``APPLY``) never crosses slots, and the
-score script reads the workers of one node with ``allow-cross-slot-keys`` (Redis >= 7).
-Balance: one slot per worker, so workers spread over the nodes like their ids' CRC16
-(a worker's entries all live on one node).
-Key layout: ``router.index.redis_lua``; encodings: ``router.index.redis_codec``. Engine
-hash -> key lookups needed *before* a batch go through a bounded local cache, valid
-across replicas by a per-worker epoch (``router.index.redis_cache``), and one ``HMGET``
-for misses.
+retries) and a score reads every worker's membership with one script call
+(``router.index.redis_read``). Layout: inverted -- per (group, block key) the holders'
+slots and media masks (``router.index.redis_lua``) -- so a score reads one field per
+request block and group, flat in the worker count. Cluster:
+``redis+cluster://host:port`` (any node); every key carries the hash tag ``{ix}``, so
+no operation crosses slots (one slot holds the index: see docs/benchmarks.md, "Round 3:
+Redis", for what that means for balance). Encodings: ``router.index.redis_codec``.
+Engine hash -> key lookups needed *before* a batch go through a bounded local cache,
+valid across replicas by a per-worker epoch (``router.index.redis_cache``), and one
+``HMGET`` for misses.
 
 Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,12 +28,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from router.index import redis_lua
+from router.index import redis_lua, redis_read
 from router.index.base import (
     BIT_MEDIA,
     GPU_BIT,
     ApplyResult,
     BlockKey,
+    Columns,
     EngineHash,
     GroupMeta,
     IndexBackend,
@@ -47,7 +46,7 @@ from router.index.base import (
 from router.index.memory import GHOST_ENTRIES
 from router.index.redis_cache import MappingCache
 from router.index.redis_codec import (
-    NAMESPACE,
+    INDEX_PREFIX,
     State,
     apply_args,
     encode_hash,
@@ -62,9 +61,12 @@ from router.index.redis_codec import (
 
 __all__ = ["RedisIndex", "encode_hash", "encode_hashes", "key_blob", "worker_prefix"]
 
-WORKERS_KEY = NAMESPACE + "workers"
+WORKERS_KEY = INDEX_PREFIX + "workers"
 # Workers registered over REST (JSON specs): replicas and restarted routers share them.
-REGISTRATIONS_KEY = NAMESPACE + "registrations"
+REGISTRATIONS_KEY = INDEX_PREFIX + "registrations"
+STATE_KEY = INDEX_PREFIX + "state"  # worker -> msgpack metadata
+PLAN_KEY = INDEX_PREFIX + "plan"  # worker -> "g,bs,full;..."
+SLOT_KEY = INDEX_PREFIX + "slot"  # worker -> its slot in the shared rows
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
@@ -101,6 +103,7 @@ class RedisIndex(IndexBackend):
             self._r = aioredis.Redis.from_url(url, **opts)
         self._sha: dict[str, str] = {}
         self._mappings = MappingCache(cache_entries)
+        self._states: dict[bytes, WorkerSnapshot] = {}  # decoded metadata, by blob
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -112,7 +115,8 @@ class RedisIndex(IndexBackend):
 
     async def _script_sha(self, name: str, reload: bool = False) -> str:
         if reload or name not in self._sha:
-            self._sha[name] = await self._r.script_load(getattr(redis_lua, name))
+            source = getattr(redis_read if name == "FETCH" else redis_lua, name)
+            self._sha[name] = await self._r.script_load(source)
         return self._sha[name]
 
     async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -144,12 +148,16 @@ class RedisIndex(IndexBackend):
             for w in workers:
                 pipe.smembers(worker_prefix(w) + "keys")
             names = [n.decode() for members in await pipe.execute() for n in members]
+            counts = [n for n in names if ":n:" in n]
+            maps = [n for n in names if ":e:" in n]
             pipe = self._r.pipeline(transaction=False)
-            for n in names:
+            for n in counts:
+                pipe.hget(n, "k")
+            for n in maps:
                 pipe.hlen(n)
-            lens = await pipe.execute() if names else []
-            entries = sum(c for n, c in zip(names, lens, strict=True) if ":g:" in n)
-            map_entries = sum(c for n, c in zip(names, lens, strict=True) if ":e:" in n)
+            got = await pipe.execute() if names else []
+            entries = sum(int(c or 0) for c in got[: len(counts)])
+            map_entries = sum(got[len(counts) :])
             opts = {"target_nodes": RedisCluster.PRIMARIES} if self.cluster else {}
             info = await self._r.info("memory", **opts)
             if "used_memory" in info:
@@ -169,7 +177,7 @@ class RedisIndex(IndexBackend):
         }
 
     async def load_worker(self, worker_id: str) -> WorkerState | None:
-        raw = await self._call(lambda: self._r.hget(worker_prefix(worker_id) + "meta", "state"))
+        raw = await self._call(lambda: self._r.hget(STATE_KEY, worker_id))
         if raw is None:
             return None
         return state_dec.decode(raw).worker_state()
@@ -181,10 +189,9 @@ class RedisIndex(IndexBackend):
         meta = worker_prefix(worker_id) + "meta"
 
         async def run() -> None:
-            # On a cluster the two keys live in different slots: no MULTI across them
-            # (the worker set is only read to list workers).
-            pipe = self._r.pipeline(transaction=not self.cluster)
-            pipe.hset(meta, mapping={"state": blob, "plan": plan_of(state.groups)})
+            pipe = self._r.pipeline(transaction=True)  # one slot, also on a cluster
+            pipe.hset(STATE_KEY, worker_id, blob)
+            pipe.hset(PLAN_KEY, worker_id, plan_of(state.groups))
             pipe.hsetnx(meta, "epoch", new_epoch())  # a new worker (or one re-created)
             pipe.sadd(WORKERS_KEY, worker_id)
             await pipe.execute()
@@ -276,9 +283,8 @@ class RedisIndex(IndexBackend):
     async def clear_worker(self, worker_id: str) -> None:
         self._mappings.forget(worker_id)
         prefix = worker_prefix(worker_id)
-        got = await self._eval(
-            "APPLY", [prefix + "keys"], [prefix, self._ghost_cap, f"3 {new_epoch()}".encode()]
-        )
+        args = [prefix, self._ghost_cap, INDEX_PREFIX, worker_id, f"3 {new_epoch()}".encode()]
+        got = await self._eval("APPLY", [prefix + "keys"], args)
         self._mappings.check_epoch(worker_id, got[5])
         await self._call(lambda: self._r.unlink(prefix + "s"))
 
@@ -304,12 +310,16 @@ class RedisIndex(IndexBackend):
         await self.clear_worker(worker_id)
 
         async def run() -> None:
-            pipe = self._r.pipeline(transaction=not self.cluster)
+            pipe = self._r.pipeline(transaction=True)
             pipe.execute_command("UNLINK", worker_prefix(worker_id) + "meta")  # cluster-safe
+            pipe.hdel(STATE_KEY, worker_id)
+            pipe.hdel(PLAN_KEY, worker_id)
             pipe.srem(WORKERS_KEY, worker_id)
             await pipe.execute()
 
         await self._call(run)
+        # Its rows were left by the clear: the slot can go to a new worker.
+        await self._eval("FREE", [SLOT_KEY], [INDEX_PREFIX, worker_id])
 
     async def copies(
         self, worker_id: str, group: int, keys: Sequence[BlockKey], medium_bit: int = GPU_BIT
@@ -322,15 +332,16 @@ class RedisIndex(IndexBackend):
 
         async def run() -> list[Any]:
             pipe = self._r.pipeline(transaction=False)
-            pipe.hmget(f"{prefix}g:{group}", fields)
+            pipe.hget(SLOT_KEY, worker_id)
+            pipe.hmget(f"{INDEX_PREFIX}x:{group}", fields)
             pipe.hmget(f"{prefix}c:{group}", [f + tag for f in fields])
             return await pipe.execute()
 
-        masks, extra = await self._call(run)
-        return [
-            1 + int(e or 0) if m is not None and int(m) & medium_bit else 0
-            for m, e in zip(masks, extra, strict=True)
-        ]
+        slot, rows, extra = await self._call(run)
+        if slot is None:
+            return [0] * len(keys)
+        masks = [_mask_in(r, int(slot)) for r in rows]
+        return [1 + int(e or 0) if m & medium_bit else 0 for m, e in zip(masks, extra, strict=True)]
 
     async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
         state = await self.load_worker(worker_id)
@@ -347,52 +358,37 @@ class RedisIndex(IndexBackend):
 
         out: dict[int, dict[str, int]] = {}
         for g, raw in zip(order, await self._call(run), strict=True):
-            counts = {int(k): int(v) for k, v in raw.items()}
+            counts = {int(k): int(v) for k, v in raw.items() if k != b"k"}
             out[g] = {m: counts[b] for b, m in BIT_MEDIA if counts.get(b)}
         return out
+
+    async def _fetch(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> redis_read.Reply:
+        ids = list(dict.fromkeys(worker_ids))
+        args = redis_read.fetch_args(INDEX_PREFIX, ids, keys_by_size)
+        got = await self._eval("FETCH", [STATE_KEY], args)
+        return redis_read.Reply(ids, keys_by_size, got, self._states)
 
     async def fetch(
         self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
     ) -> dict[str, WorkerSnapshot | None]:
-        blobs: list[Any] = []
-        for bs, keys in keys_by_size.items():
-            blobs += [bs, key_blob(keys)]
-        ids = list(dict.fromkeys(worker_ids))
-        if not ids:
+        if not worker_ids:
             return {}
-        # One script call per node: all workers on a single server, the workers whose
-        # slots a node serves on a cluster (calls to different nodes run concurrently).
-        parts: dict[str, tuple[Any, list[str]]] = {}
-        if self.cluster:
-            for w in ids:
-                node = self._r.get_node_from_key(worker_prefix(w) + "meta")
-                parts.setdefault(node.name, (node, []))[1].append(w)
-        else:
-            parts[""] = (None, ids)
+        return (await self._fetch(worker_ids, keys_by_size)).snapshots()
 
-        async def call(sha: str, node: Any, ws: list[str]) -> list[Any]:
-            prefixes = [worker_prefix(w) for w in ws]
-            opts = {"target_nodes": node} if node is not None else {}
-            return await self._r.execute_command(  # type: ignore[no-any-return]
-                "EVALSHA", sha, 1, prefixes[0] + "meta", len(ws), *prefixes, *blobs, **opts
-            )
+    async def fetch_columns(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> Columns | None:
+        if not worker_ids:
+            return None
+        return (await self._fetch(worker_ids, keys_by_size)).columns()
 
-        async def run(sha: str) -> list[list[Any]]:
-            return list(await asyncio.gather(*(call(sha, n, ws) for n, ws in parts.values())))
 
-        sha = await self._call(lambda: self._script_sha("FETCH"))
-        try:
-            got = await self._call(lambda: run(sha))
-        except NoScriptError:  # Redis restarted or SCRIPT FLUSH: load it and ask once more
-            sha = await self._call(lambda: self._script_sha("FETCH", reload=True))
-            got = await self._call(lambda: run(sha))
-        out: dict[str, WorkerSnapshot | None] = {}
-        for (_, ws), replies in zip(parts.values(), got, strict=True):
-            for w, reply in zip(ws, replies, strict=True):
-                if reply is None:
-                    out[w] = None
-                    continue
-                st = state_dec.decode(reply[0])
-                masks = {int(reply[i]): bytes(reply[i + 1]) for i in range(1, len(reply), 2)}
-                out[w] = WorkerSnapshot(dict(st.groups), masks, st.hash_unit, st.settings)
-        return {w: out[w] for w in ids}
+def _mask_in(row: bytes | None, slot: int) -> int:
+    """A worker's media mask in a holders string (``router.index.redis_lua``)."""
+    if not row:
+        return 0
+    code = bytes((8 + slot // 248, 8 + slot % 248))
+    p = row.find(code)
+    return row[p + 2] if p >= 0 else 0

@@ -30,6 +30,9 @@ from router.index.redis_cache import MappingCache
 _OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack limit
 
 NAMESPACE = "kvroute:"
+# Every key of the index shares this hash tag: one Redis Cluster slot, no cross-slot
+# script (``router.index.redis_lua`` says why and what that costs).
+INDEX_PREFIX = NAMESPACE + "{ix}:"
 
 
 class State(msgspec.Struct, array_like=True):
@@ -47,8 +50,8 @@ state_dec = msgspec.msgpack.Decoder(State)
 
 
 def worker_prefix(worker_id: str) -> str:
-    """``kvroute:{w:<id>}:`` -- the hash tag puts all of a worker's keys in one slot."""
-    return f"{NAMESPACE}{{w:{worker_id}}}:"
+    """``kvroute:{ix}:w:<id>:`` -- a worker's own keys, in the index's slot."""
+    return f"{INDEX_PREFIX}w:{worker_id}:"
 
 
 def encode_hash(h: EngineHash) -> bytes:
@@ -115,7 +118,7 @@ def apply_args(
     """``APPLY``'s arguments for one worker's ops (format: ``router.index.redis_lua``);
     ``learned`` collects the mappings to cache once Redis took the write."""
     prefix = worker_prefix(worker_id)
-    args: list[Any] = [prefix, ghost_cap]
+    args: list[Any] = [prefix, ghost_cap, INDEX_PREFIX, worker_id]
     for op in ops:
         if isinstance(op, SeqOp):
             args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
