@@ -67,6 +67,7 @@ REGISTRATIONS_KEY = INDEX_PREFIX + "registrations"
 STATE_KEY = INDEX_PREFIX + "state"  # worker -> msgpack metadata
 PLAN_KEY = INDEX_PREFIX + "plan"  # worker -> "g,bs,full;..."
 SLOT_KEY = INDEX_PREFIX + "slot"  # worker -> its slot in the shared rows
+VERSION_KEY = INDEX_PREFIX + "ver"  # grows with every metadata or slot change
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
@@ -103,7 +104,7 @@ class RedisIndex(IndexBackend):
             self._r = aioredis.Redis.from_url(url, **opts)
         self._sha: dict[str, str] = {}
         self._mappings = MappingCache(cache_entries)
-        self._states: dict[bytes, WorkerSnapshot] = {}  # decoded metadata, by blob
+        self._meta = redis_read.MetaCache()
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -193,6 +194,7 @@ class RedisIndex(IndexBackend):
             pipe.hset(STATE_KEY, worker_id, blob)
             pipe.hset(PLAN_KEY, worker_id, plan_of(state.groups))
             pipe.hsetnx(meta, "epoch", new_epoch())  # a new worker (or one re-created)
+            pipe.incr(VERSION_KEY)  # cached metadata is stale (router.index.redis_read)
             pipe.sadd(WORKERS_KEY, worker_id)
             await pipe.execute()
 
@@ -315,6 +317,7 @@ class RedisIndex(IndexBackend):
             pipe.hdel(STATE_KEY, worker_id)
             pipe.hdel(PLAN_KEY, worker_id)
             pipe.srem(WORKERS_KEY, worker_id)
+            pipe.incr(VERSION_KEY)
             await pipe.execute()
 
         await self._call(run)
@@ -364,25 +367,31 @@ class RedisIndex(IndexBackend):
 
     async def _fetch(
         self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
-    ) -> redis_read.Reply:
+    ) -> tuple[redis_read.View, redis_read.Mats]:
         ids = list(dict.fromkeys(worker_ids))
-        args = redis_read.fetch_args(INDEX_PREFIX, ids, keys_by_size)
+        args = redis_read.fetch_args(INDEX_PREFIX, ids, keys_by_size, self._meta)
         got = await self._eval("FETCH", [STATE_KEY], args)
-        return redis_read.Reply(ids, keys_by_size, got, self._states)
+        out = redis_read.decode(ids, keys_by_size, got, self._meta)
+        if out is None:  # a concurrent call replaced the cached metadata: ask afresh
+            args = redis_read.fetch_args(INDEX_PREFIX, ids, keys_by_size, None)
+            got = await self._eval("FETCH", [STATE_KEY], args)
+            out = redis_read.decode(ids, keys_by_size, got, self._meta)
+        assert out is not None  # an answer with metadata always decodes
+        return out
 
     async def fetch(
         self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
     ) -> dict[str, WorkerSnapshot | None]:
         if not worker_ids:
             return {}
-        return (await self._fetch(worker_ids, keys_by_size)).snapshots()
+        return redis_read.snapshots(*await self._fetch(worker_ids, keys_by_size))
 
     async def fetch_columns(
         self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
     ) -> Columns | None:
         if not worker_ids:
             return None
-        return (await self._fetch(worker_ids, keys_by_size)).columns()
+        return redis_read.columns(*await self._fetch(worker_ids, keys_by_size))
 
 
 def _mask_in(row: bytes | None, slot: int) -> int:

@@ -9,7 +9,8 @@ group ``g``: 3 bytes per worker slot holding it, ``code(slot)`` (2 bytes, each >
 then the media mask (1..7). A mask byte is < 8 and a code byte >= 8, so a plain
 ``string.find`` of a code can only match at a holder's boundary (C speed, no scan).
 ``X..'slot'`` hash worker -> slot, ``X..'free'`` zset of freed slots, ``X..'next'``
-the next new slot; ``X..'state'`` / ``X..'plan'`` hashes worker -> msgpack metadata /
+the next new slot; ``X..'ver'`` a counter every metadata or slot change increments
+(clients cache metadata by it); ``X..'state'`` / ``X..'plan'`` hashes worker -> msgpack metadata /
 "g,bs,full;..." (read by a score in one HMGET each).
 
 Per worker ``P = X..'w:'..<id>..':'``: ``P..'meta'`` hash {epoch: a random token set when
@@ -55,6 +56,7 @@ local function slot_code()
     local f = redis.call('ZPOPMIN', X .. 'free')
     if #f > 0 then s = f[1] else s = redis.call('INCR', X .. 'next') - 1 end
     redis.call('HSET', X .. 'slot', W, s)
+    redis.call('INCR', X .. 'ver')
   end
   s = tonumber(s)
   code = char(8 + math.floor(s / 248), 8 + s % 248)
@@ -329,6 +331,7 @@ local s = redis.call('HGET', KEYS[1], ARGV[2])
 if s then
   redis.call('HDEL', KEYS[1], ARGV[2])
   redis.call('ZADD', ARGV[1] .. 'free', s, s)
+  redis.call('INCR', ARGV[1] .. 'ver')
 end
 return s
 """
