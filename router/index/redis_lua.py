@@ -110,6 +110,16 @@ local function leave_rows()
   end
 end
 slot_code()
+-- Per call: names already added to the key sets, and the resolved keys of a hashes
+-- blob (a hybrid model stores the same blocks into each group of a block size: the
+-- second op reuses the first's lookup; any removal or clear forgets them).
+local added, resolved = {}, {}
+local function note(set, name)
+  if not added[name] then
+    redis.call('SADD', set, name)
+    added[name] = true
+  end
+end
 local i = 5
 local nargs = #ARGV
 local S = P .. 's'
@@ -141,14 +151,16 @@ while i <= nargs do
     local names = redis.call('SMEMBERS', REV)
     for _, name in ipairs(names) do redis.call('UNLINK', name) end
     redis.call('DEL', REV, GS)
+    added, resolved = {}, {}
     if hdr[2] then redis.call('HSET', P .. 'meta', 'epoch', hdr[2]) end
   else
     local g, bs, b = hdr[2], hdr[3], tonumber(hdr[4])
     local n, hw, nsib = tonumber(hdr[5]), tonumber(hdr[6]), tonumber(hdr[7])
     local sibs = {}
     for s = 1, nsib do sibs[s] = X .. 'x:' .. hdr[7 + s] end
-    local hs
+    local hs, blob
     if hw > 0 then
+      blob = bs .. ':' .. ARGV[i]
       hs = split(ARGV[i], hw, n)
       i = i + 1
     else
@@ -160,25 +172,30 @@ while i <= nargs do
     local CB = char(b)
     local changed, held = 0, 0
     if op == '1' then
-      local ks = split(ARGV[i], 8, n)
-      i = i + 1
-      redis.call('SADD', REV, N, E)
-      redis.call('SADD', GS, g .. ' ' .. bs)
-      local known = redis.call('HMGET', E, unpack(hs))
-      local pending, newmap = {}, {}
-      for j = 1, n do
-        local h = hs[j]
-        if known[j] then
-          ks[j] = known[j]
-        elseif pending[h] then
-          ks[j] = pending[h]
-        else
-          pending[h] = ks[j]
-          newmap[#newmap + 1] = h
-          newmap[#newmap + 1] = ks[j]
+      note(REV, N)  -- first: a failing write (WRONGTYPE) then changes nothing
+      note(REV, E)
+      note(GS, g .. ' ' .. bs)
+      local ks = blob and resolved[blob]
+      if not ks then
+        ks = split(ARGV[i], 8, n)
+        local known = redis.call('HMGET', E, unpack(hs))
+        local pending, newmap = {}, {}
+        for j = 1, n do
+          local h = hs[j]
+          if known[j] then
+            ks[j] = known[j]
+          elseif pending[h] then
+            ks[j] = pending[h]
+          else
+            pending[h] = ks[j]
+            newmap[#newmap + 1] = h
+            newmap[#newmap + 1] = ks[j]
+          end
         end
+        if #newmap > 0 then redis.call('HSET', E, unpack(newmap)) end
+        if blob then resolved[blob] = ks end
       end
-      if #newmap > 0 then redis.call('HSET', E, unpack(newmap)) end
+      i = i + 1
       local vs = redis.call('HMGET', XG, unpack(ks))
       local cur, order, dup = {}, {}, {}
       for j = 1, n do
@@ -205,7 +222,7 @@ while i <= nargs do
       end
       if #dup > 0 then
         local C = P .. 'c:' .. g
-        redis.call('SADD', REV, C)
+        note(REV, C)
         for _, f in ipairs(dup) do redis.call('HINCRBY', C, f, 1) end
       end
       stored = stored + changed
@@ -213,6 +230,7 @@ while i <= nargs do
       if changed > 0 then redis.call('HINCRBY', N, b, changed) end
       if held > 0 then redis.call('HINCRBY', N, 'k', held) end
     else
+      resolved = {}  -- the map may lose entries here
       local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
       local ks = redis.call('HMGET', E, unpack(hs))
       local kl = {}
@@ -291,7 +309,8 @@ while i <= nargs do
             local hs_ = {}
             for j, k in ipairs(drop) do hs_[j] = owner[k] end
             redis.call('HDEL', E, unpack(hs_))
-            redis.call('SADD', REV, T, P .. 'u:' .. bs)
+            note(REV, T)
+            note(REV, P .. 'u:' .. bs)
             local size = redis.call('HLEN', T)
             -- Chunks that can at most fill the generation: the rename happens after the
             -- same mapping as one HSET per mapping would (each adds at most one field).
