@@ -28,19 +28,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from router.index import redis_lua, redis_read
+from router.index import redis_lua, redis_lua_read
 from router.index.base import (
     BIT_MEDIA,
-    GPU_BIT,
     ApplyResult,
     BlockKey,
-    Columns,
     EngineHash,
     GroupMeta,
-    IndexBackend,
     IndexUnavailable,
     Op,
-    WorkerSnapshot,
     WorkerState,
 )
 from router.index.memory import GHOST_ENTRIES
@@ -51,29 +47,36 @@ from router.index.redis_codec import (
     apply_args,
     encode_hash,
     encode_hashes,
+    index_prefix,
     key_blob,
     new_epoch,
     plan_of,
+    shard_of,
     state_dec,
     state_enc,
     worker_prefix,
 )
+from router.index.redis_read import MetaCache, RedisReads
 
 __all__ = ["RedisIndex", "encode_hash", "encode_hashes", "key_blob", "worker_prefix"]
 
 WORKERS_KEY = INDEX_PREFIX + "workers"
 # Workers registered over REST (JSON specs): replicas and restarted routers share them.
 REGISTRATIONS_KEY = INDEX_PREFIX + "registrations"
-STATE_KEY = INDEX_PREFIX + "state"  # worker -> msgpack metadata
-PLAN_KEY = INDEX_PREFIX + "plan"  # worker -> "g,bs,full;..."
-SLOT_KEY = INDEX_PREFIX + "slot"  # worker -> its slot in the shared rows
-VERSION_KEY = INDEX_PREFIX + "ver"  # grows with every metadata or slot change
+# Per shard (``X = index_prefix(shard)``): X..'state' worker -> msgpack metadata,
+# X..'plan' worker -> "g,bs,full;...", X..'slot' worker -> its slot in the shard's rows,
+# X..'ver' grows with every metadata or slot change (``router.index.redis_lua``).
+STATE_KEY = INDEX_PREFIX + "state"  # shard 0's (the only shard on a single server)
+SLOT_KEY = INDEX_PREFIX + "slot"
+# Shards on a cluster: workers spread over this many hash tags (slots), so over the
+# nodes; a score reads every shard holding asked-about workers, one call per node.
+CLUSTER_SHARDS = 16
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
-class RedisIndex(IndexBackend):
+class RedisIndex(RedisReads):
     """redis-py asyncio backend; see the module docstring for the why."""
 
     kind = "redis"
@@ -86,11 +89,14 @@ class RedisIndex(IndexBackend):
         connect_timeout: float = 1.0,
         cache_entries: int = 1_000_000,
         ghost_entries: int = GHOST_ENTRIES,
+        shards: int | None = None,
     ) -> None:
         self.url = url
         self._ghost_cap = ghost_entries
         # ``redis+cluster://host:port``: a Redis Cluster reached through any of its nodes.
         self.cluster = url.startswith(CLUSTER_SCHEMES)
+        # Every router sharing one Redis must use the same number (it places workers).
+        self.shards = shards or (CLUSTER_SHARDS if self.cluster else 1)
         opts: dict[str, Any] = {
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": connect_timeout,
@@ -104,7 +110,7 @@ class RedisIndex(IndexBackend):
             self._r = aioredis.Redis.from_url(url, **opts)
         self._sha: dict[str, str] = {}
         self._mappings = MappingCache(cache_entries)
-        self._meta = redis_read.MetaCache()
+        self._meta = [MetaCache() for _ in range(self.shards)]
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -116,7 +122,7 @@ class RedisIndex(IndexBackend):
 
     async def _script_sha(self, name: str, reload: bool = False) -> str:
         if reload or name not in self._sha:
-            source = getattr(redis_read if name == "FETCH" else redis_lua, name)
+            source = getattr(redis_lua_read if name == "FETCH" else redis_lua, name)
             self._sha[name] = await self._r.script_load(source)
         return self._sha[name]
 
@@ -147,7 +153,7 @@ class RedisIndex(IndexBackend):
         async def collect() -> tuple[int, int, int]:
             pipe = self._r.pipeline(transaction=False)
             for w in workers:
-                pipe.smembers(worker_prefix(w) + "keys")
+                pipe.smembers(self._prefix(w) + "keys")
             names = [n.decode() for members in await pipe.execute() for n in members]
             counts = [n for n in names if ":n:" in n]
             maps = [n for n in names if ":e:" in n]
@@ -178,7 +184,8 @@ class RedisIndex(IndexBackend):
         }
 
     async def load_worker(self, worker_id: str) -> WorkerState | None:
-        raw = await self._call(lambda: self._r.hget(STATE_KEY, worker_id))
+        x = self._x(worker_id)
+        raw = await self._call(lambda: self._r.hget(x + "state", worker_id))
         if raw is None:
             return None
         return state_dec.decode(raw).worker_state()
@@ -187,14 +194,17 @@ class RedisIndex(IndexBackend):
         blob = state_enc.encode(
             State(state.hash_mode, state.groups, state.hash_unit, state.settings)
         )
-        meta = worker_prefix(worker_id) + "meta"
+        meta = self._prefix(worker_id) + "meta"
+        x = self._x(worker_id)
 
         async def run() -> None:
-            pipe = self._r.pipeline(transaction=True)  # one slot, also on a cluster
-            pipe.hset(STATE_KEY, worker_id, blob)
-            pipe.hset(PLAN_KEY, worker_id, plan_of(state.groups))
+            # On a cluster the worker set may live in another slot: no MULTI across it
+            # (it is only read to list workers).
+            pipe = self._r.pipeline(transaction=not self.cluster)
+            pipe.hset(x + "state", worker_id, blob)
+            pipe.hset(x + "plan", worker_id, plan_of(state.groups))
             pipe.hsetnx(meta, "epoch", new_epoch())  # a new worker (or one re-created)
-            pipe.incr(VERSION_KEY)  # cached metadata is stale (router.index.redis_read)
+            pipe.incr(x + "ver")  # cached metadata is stale (router.index.redis_read)
             pipe.sadd(WORKERS_KEY, worker_id)
             await pipe.execute()
 
@@ -213,14 +223,14 @@ class RedisIndex(IndexBackend):
         live_only: bool = False,
     ) -> list[BlockKey | None]:
         if live_only:  # the server's map only: the local cache may hold removed blocks
-            name = f"{worker_prefix(worker_id)}e:{block_size}"
+            name = f"{self._prefix(worker_id)}e:{block_size}"
             fields_ = [encode_hash(h) for h in hashes]
             got = await self._call(lambda: self._r.hmget(name, fields_))
             return [int.from_bytes(v, "big") if v else None for v in got]
         cache = self._mappings.get(worker_id, block_size)
         out = [cache.get(h) for h in hashes]
         misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
-        prefix = worker_prefix(worker_id)
+        prefix = self._prefix(worker_id)
         fields = [encode_hash(h) for h in misses]
 
         async def run() -> list[Any]:
@@ -259,7 +269,10 @@ class RedisIndex(IndexBackend):
         # must not leave mappings Redis does not hold); dropping entries is always safe.
         learned: list[tuple[str, int, dict[EngineHash, BlockKey]]] = []
         calls = [
-            (worker_prefix(w), apply_args(w, self._ghost_cap, groups, ops, learned, self._mappings))
+            (
+                self._prefix(w),
+                apply_args(w, self._ghost_cap, groups, ops, learned, self._mappings, self.shards),
+            )
             for w, groups, ops in items
         ]
         sha = await self._call(lambda: self._script_sha("APPLY"))
@@ -284,8 +297,9 @@ class RedisIndex(IndexBackend):
 
     async def clear_worker(self, worker_id: str) -> None:
         self._mappings.forget(worker_id)
-        prefix = worker_prefix(worker_id)
-        args = [prefix, self._ghost_cap, INDEX_PREFIX, worker_id, f"3 {new_epoch()}".encode()]
+        prefix = self._prefix(worker_id)
+        x = self._x(worker_id)
+        args = [prefix, self._ghost_cap, x, worker_id, f"3 {new_epoch()}".encode()]
         got = await self._eval("APPLY", [prefix + "keys"], args)
         self._mappings.check_epoch(worker_id, got[5])
         await self._call(lambda: self._r.unlink(prefix + "s"))
@@ -301,7 +315,7 @@ class RedisIndex(IndexBackend):
         return {k.decode(): bytes(v) for k, v in raw.items()}
 
     async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
-        raw = await self._call(lambda: self._r.hgetall(worker_prefix(worker_id) + "s"))
+        raw = await self._call(lambda: self._r.hgetall(self._prefix(worker_id) + "s"))
         out: dict[int, tuple[int, int]] = {}
         for rank, value in raw.items():
             seq, _, fp = value.partition(b":")
@@ -311,46 +325,26 @@ class RedisIndex(IndexBackend):
     async def remove_worker(self, worker_id: str) -> None:
         await self.clear_worker(worker_id)
 
+        x = self._x(worker_id)
+
         async def run() -> None:
-            pipe = self._r.pipeline(transaction=True)
-            pipe.execute_command("UNLINK", worker_prefix(worker_id) + "meta")  # cluster-safe
-            pipe.hdel(STATE_KEY, worker_id)
-            pipe.hdel(PLAN_KEY, worker_id)
+            pipe = self._r.pipeline(transaction=not self.cluster)
+            pipe.execute_command("UNLINK", self._prefix(worker_id) + "meta")  # cluster-safe
+            pipe.hdel(x + "state", worker_id)
+            pipe.hdel(x + "plan", worker_id)
             pipe.srem(WORKERS_KEY, worker_id)
-            pipe.incr(VERSION_KEY)
+            pipe.incr(x + "ver")
             await pipe.execute()
 
         await self._call(run)
         # Its rows were left by the clear: the slot can go to a new worker.
-        await self._eval("FREE", [SLOT_KEY], [INDEX_PREFIX, worker_id])
-
-    async def copies(
-        self, worker_id: str, group: int, keys: Sequence[BlockKey], medium_bit: int = GPU_BIT
-    ) -> list[int]:
-        if not keys:
-            return []
-        prefix = worker_prefix(worker_id)
-        fields = [k.to_bytes(8, "big") for k in keys]
-        tag = bytes([medium_bit])
-
-        async def run() -> list[Any]:
-            pipe = self._r.pipeline(transaction=False)
-            pipe.hget(SLOT_KEY, worker_id)
-            pipe.hmget(f"{INDEX_PREFIX}x:{group}", fields)
-            pipe.hmget(f"{prefix}c:{group}", [f + tag for f in fields])
-            return await pipe.execute()
-
-        slot, rows, extra = await self._call(run)
-        if slot is None:
-            return [0] * len(keys)
-        masks = [_mask_in(r, int(slot)) for r in rows]
-        return [1 + int(e or 0) if m & medium_bit else 0 for m, e in zip(masks, extra, strict=True)]
+        await self._eval("FREE", [x + "slot"], [x, worker_id])
 
     async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
         state = await self.load_worker(worker_id)
         if state is None or not state.groups:
             return {}
-        prefix = worker_prefix(worker_id)
+        prefix = self._prefix(worker_id)
         order = sorted(state.groups)
 
         async def run() -> list[Any]:
@@ -365,39 +359,9 @@ class RedisIndex(IndexBackend):
             out[g] = {m: counts[b] for b, m in BIT_MEDIA if counts.get(b)}
         return out
 
-    async def _fetch(
-        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
-    ) -> tuple[redis_read.View, redis_read.Mats]:
-        ids = list(dict.fromkeys(worker_ids))
-        args = redis_read.fetch_args(INDEX_PREFIX, ids, keys_by_size, self._meta)
-        got = await self._eval("FETCH", [STATE_KEY], args)
-        out = redis_read.decode(ids, keys_by_size, got, self._meta)
-        if out is None:  # a concurrent call replaced the cached metadata: ask afresh
-            args = redis_read.fetch_args(INDEX_PREFIX, ids, keys_by_size, None)
-            got = await self._eval("FETCH", [STATE_KEY], args)
-            out = redis_read.decode(ids, keys_by_size, got, self._meta)
-        assert out is not None  # an answer with metadata always decodes
-        return out
+    def _x(self, worker_id: str) -> str:
+        """The worker's shard prefix."""
+        return index_prefix(shard_of(worker_id, self.shards))
 
-    async def fetch(
-        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
-    ) -> dict[str, WorkerSnapshot | None]:
-        if not worker_ids:
-            return {}
-        return redis_read.snapshots(*await self._fetch(worker_ids, keys_by_size))
-
-    async def fetch_columns(
-        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
-    ) -> Columns | None:
-        if not worker_ids:
-            return None
-        return redis_read.columns(*await self._fetch(worker_ids, keys_by_size))
-
-
-def _mask_in(row: bytes | None, slot: int) -> int:
-    """A worker's media mask in a holders string (``router.index.redis_lua``)."""
-    if not row:
-        return 0
-    code = bytes((8 + slot // 248, 8 + slot % 248))
-    p = row.find(code)
-    return row[p + 2] if p >= 0 else 0
+    def _prefix(self, worker_id: str) -> str:
+        return worker_prefix(worker_id, self.shards)

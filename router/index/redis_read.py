@@ -9,148 +9,26 @@ matrices the all-workers scorer reads (``router.score.vec``). The per-worker sna
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from router.index.base import BlockKey, Columns, WorkerSnapshot
-from router.index.redis_codec import State, key_blob, state_dec
+from router.index.base import GPU_BIT, BlockKey, Columns, IndexBackend, WorkerSnapshot
+from router.index.redis_codec import State, index_prefix, key_blob, shard_of, state_dec
+from router.index.redis_lua_read import FETCH
 
-# KEYS[1] = X..'state' (routes the call; every key shares its tag). ARGV[1] = X,
-# ARGV[2] = the metadata version the client holds the workers' metadata at ("-": none),
-# ARGV[3] = the worker ids (one msgpack array), ARGV[4] = the tables to read as the
-# client derived them from that metadata ("bounded;g,bs,all_full,any_full;..."), then
-# pairs (block size, concatenated 8-byte keys). When the version is current the ids and
-# plans are not read; otherwise the tables are derived from the workers' plans.
-# Returns {version, states, slots, g1, bs1, n1, rows1, g2, ...}: the
-# workers' metadata and slots (false when unknown) -- or false twice when the client's
-# version is current (``X..'ver'`` grows with every metadata or slot change) -- then per
-# (group, block size) some requested worker has, the number of blocks read and their
-# holders strings joined by NUL (no holders byte is 0; a block nobody holds is empty;
-# a block held exactly like the one before is the single byte 1 -- no holders string
-# has length 1 -- so a prefix every worker holds costs one string, not one per block).
-# A table only full-attention workers read stops before the first block no worker
-# holds; the other tables stop at the longest full-attention prefix any table allows
-# (when every worker has one): no worker's hit can reach past it. HMGETs grow
-# geometrically (32 ... 512 fields) so a short prefix stops early. ``no-writes`` lets
-# replicas serve it.
-FETCH = r"""#!lua flags=no-writes
-local X = ARGV[1]
-local ver = redis.call('GET', X .. 'ver') or '0'
-local fields = {}
-for a = 5, #ARGV, 2 do
-  local blob = ARGV[a + 1]
-  local t = {}
-  for j = 0, #blob / 8 - 1 do t[j + 1] = string.sub(blob, j * 8 + 1, j * 8 + 8) end
-  fields[ARGV[a]] = t
-end
-local tabs, order = {}, {}
-local bounded = true
-local states, slots = false, false
-if ver == ARGV[2] then
-  bounded = string.sub(ARGV[4], 1, 1) == '1'
-  for g, bs, all, any in string.gmatch(ARGV[4], '(-?%d+),(%d+),(%d),(%d)') do
-    local t = g .. ',' .. bs
-    order[#order + 1] = {g, bs, t}
-    tabs[t] = {all == '1', any == '1'}
-  end
-else
-  local ids = cmsgpack.unpack(ARGV[3])
-  local N = #ids
-  if N > 0 then
-    states = redis.call('HMGET', KEYS[1], unpack(ids))
-    slots = redis.call('HMGET', X .. 'slot', unpack(ids))
-    local plans = redis.call('HMGET', X .. 'plan', unpack(ids))
-    for w = 1, N do
-      local plan = plans[w]
-      if plan then
-        local has_full = false
-        for g, bs, full in string.gmatch(plan, '(-?%d+),(%d+),(%d)') do
-          if fields[bs] then
-            local t = g .. ',' .. bs
-            local f = full == '1'
-            if tabs[t] == nil then
-              order[#order + 1] = {g, bs, t}
-              tabs[t] = {f, f}
-            else
-              tabs[t] = {tabs[t][1] and f, tabs[t][2] or f}
-            end
-            if f then has_full = true end
-          end
-        end
-        if not has_full then bounded = false end
-      end
-    end
-  else
-    states, slots = {}, {}
-  end
-end
-local out = {ver, states, slots}
-local bound = -1
-local function read(g, bs, stop_at_miss, n)
-  local fs = fields[bs]
-  local XG = X .. 'x:' .. g
-  local parts = {}
-  local start, chunk, miss, nread = 0, 32, -1, 0
-  local prev = nil
-  while start < n do
-    local cnt = math.min(chunk, n - start)
-    local vals = redis.call('HMGET', XG, unpack(fs, start + 1, start + cnt))
-    local take = cnt
-    for j = 1, cnt do
-      local v = vals[j]
-      if not v then
-        if miss < 0 then miss = start + j - 1 end
-        if stop_at_miss then
-          take = j - 1
-          break
-        end
-        v = ''
-      end
-      -- Lua strings are interned: equality is a pointer test, and a repeated row
-      -- (a shared prefix: every holder holds both blocks alike) goes as one byte.
-      if v == prev then vals[j] = '\1' else vals[j] = v; prev = v end
-    end
-    if take > 0 then parts[#parts + 1] = table.concat(vals, '\0', 1, take) end
-    nread = nread + take
-    if take < cnt then break end
-    start = start + cnt
-    if chunk < 512 then chunk = chunk * 2 end
-  end
-  out[#out + 1] = g
-  out[#out + 1] = bs
-  out[#out + 1] = nread
-  out[#out + 1] = table.concat(parts, '\0')
-  if miss < 0 then miss = nread end
-  return miss
-end
--- Tables some worker reads as full attention first: they bound the others.
-for _, e in ipairs(order) do
-  local t = tabs[e[3]]
-  if t[2] then
-    local reach = read(e[1], e[2], t[1], #fields[e[2]]) * tonumber(e[2])
-    if reach > bound then bound = reach end
-  end
-end
-for _, e in ipairs(order) do
-  if not tabs[e[3]][2] then
-    local n = #fields[e[2]]
-    if bounded and bound >= 0 then n = math.min(n, math.floor(bound / tonumber(e[2]))) end
-    read(e[1], e[2], false, n)
-  end
-end
-return out
-"""
+_T = TypeVar("_T")
 
 
 class View:
     """The requested workers as the cached metadata describes them (memoized per
     request shape while the metadata version holds)."""
 
-    __slots__ = ("cohorts", "packed_ids", "slots", "snaps", "spec", "unknown", "width")
+    __slots__ = ("by_blob", "cohorts", "packed_ids", "slots", "snaps", "spec", "unknown", "width")
 
     def __init__(self, ids: list[str], sizes: frozenset[int], entries: dict[str, Any]) -> None:
         self.packed_ids = msgspec.msgpack.encode(ids)
@@ -178,6 +56,7 @@ class View:
                     tabs[(g, m.block_size)] = (a and f, b or f)
                     has_full = has_full or f
             bounded = bounded and has_full
+        self.by_blob = cohorts
         self.cohorts = list(cohorts.values())
         # Workers without a slot (never stored anything) read an all-zero column.
         self.width = max(self.slots.values(), default=-1) + 2
@@ -237,34 +116,81 @@ class MetaCache:
 Mats = dict[tuple[int, int], NDArray[np.uint8]]
 
 
+Part = tuple[list[str], MetaCache]  # one shard's workers asked about, and its cache
+
+
 def decode(
-    ids: list[str], keys_by_size: dict[int, Sequence[BlockKey]], got: list[Any], meta: MetaCache
-) -> tuple[View, Mats] | None:
-    """A ``FETCH`` answer as the view it was read under and one matrix per table (None:
-    the answer relied on cached metadata that a concurrent call replaced; ask again)."""
+    parts: list[Part], keys_by_size: dict[int, Sequence[BlockKey]], got: list[Any]
+) -> list[tuple[View, Mats]] | None:
+    """A ``FETCH`` answer as, per shard, the view it was read under and one matrix per
+    table (None: an answer relied on cached metadata that a concurrent call replaced;
+    ask again)."""
     sizes = frozenset(keys_by_size)
-    if got[1] is not None:
-        meta.update(bytes(got[0]), ids, got[1], got[2])
-    elif bytes(got[0]) != meta.version:
-        return None
-    view = meta.view(ids, sizes)
-    if view is None:
-        return None
-    mats = {}
-    for a in range(3, len(got), 4):
-        g, bs, nread = int(got[a]), int(got[a + 1]), int(got[a + 2])
-        mats[(g, bs)] = _matrix(len(keys_by_size[bs]), view.width, nread, bytes(got[a + 3]))
-    return view, mats
+    out: list[tuple[View, Mats]] = []
+    pos = 0
+    stale = False
+    for ids, meta in parts:
+        version, states, slots, ntab = got[pos : pos + 4]
+        tables = got[pos + 4 : pos + 4 + 4 * int(ntab)]
+        pos += 4 + 4 * int(ntab)
+        if states is not None:
+            meta.update(bytes(version), ids, states, slots)
+        elif bytes(version) != meta.version:
+            stale = True
+            continue
+        view = meta.view(ids, sizes)
+        if view is None:
+            stale = True
+            continue
+        mats = {}
+        for a in range(0, len(tables), 4):
+            g, bs, nread = int(tables[a]), int(tables[a + 1]), int(tables[a + 2])
+            n = len(keys_by_size[bs])
+            mats[(g, bs)] = _matrix(n, view.width, nread, bytes(tables[a + 3]))
+        out.append((view, mats))
+    return None if stale else out
 
 
-def columns(view: View, mats: Mats) -> Columns:
-    return Columns(view.cohorts, view.unknown, view.slots, mats, view.width)
+def columns(
+    results: list[tuple[View, Mats]], keys_by_size: dict[int, Sequence[BlockKey]]
+) -> Columns:
+    """One ``Columns`` over every shard's workers: each shard's slots after the ones
+    before it, cohorts of equal metadata merged across shards."""
+    if len(results) == 1:
+        view, mats = results[0]
+        return Columns(view.cohorts, view.unknown, view.slots, mats, view.width)
+    cohorts: dict[bytes, tuple[WorkerSnapshot, list[str]]] = {}
+    unknown: list[str] = []
+    slots: dict[str, int] = {}
+    tables = {t for _, mats in results for t in mats}
+    parts: dict[tuple[int, int], list[NDArray[np.uint8]]] = {t: [] for t in tables}
+    offset = 0
+    for view, mats in results:
+        for blob, (snap, ws) in view.by_blob.items():
+            cohorts.setdefault(blob, (snap, []))[1].extend(ws)
+        unknown += view.unknown
+        for w, s in view.slots.items():
+            slots[w] = offset + s
+        for t in tables:
+            m = mats.get(t)
+            if m is None:
+                m = np.zeros((len(keys_by_size[t[1]]), view.width), dtype=np.uint8)
+            parts[t].append(m)
+        offset += view.width
+    merged = {t: np.hstack(ms) for t, ms in parts.items()}
+    return Columns(list(cohorts.values()), unknown, slots, merged, offset)
 
 
-def snapshots(view: View, mats: Mats) -> dict[str, WorkerSnapshot | None]:
+def snapshots(results: list[tuple[View, Mats]]) -> dict[str, WorkerSnapshot | None]:
     """Per worker, the media byte of each block, truncated as ``WorkerSnapshot``
     documents (full-attention groups first: their prefix bounds the others)."""
     out: dict[str, WorkerSnapshot | None] = {}
+    for view, mats in results:
+        _snapshots(view, mats, out)
+    return out
+
+
+def _snapshots(view: View, mats: Mats, out: dict[str, WorkerSnapshot | None]) -> None:
     for w, snap in view.snaps.items():
         if snap is None:
             out[w] = None
@@ -289,7 +215,6 @@ def snapshots(view: View, mats: Mats) -> dict[str, WorkerSnapshot | None]:
                 got = col.rstrip(b"\0")
             masks[g] = got
         out[w] = WorkerSnapshot(dict(snap.groups), masks, snap.hash_unit, snap.settings)
-    return out
 
 
 def _matrix(n: int, width: int, nread: int, rows: bytes) -> NDArray[np.uint8]:
@@ -319,22 +244,140 @@ def _matrix(n: int, width: int, nread: int, rows: bytes) -> NDArray[np.uint8]:
 
 
 def fetch_args(
-    prefix: str,
-    ids: list[str],
+    parts: list[tuple[str, list[str], MetaCache | None]],
     keys_by_size: dict[int, Sequence[BlockKey]],
-    meta: MetaCache | None,
 ) -> list[Any]:
-    """``FETCH``'s ARGV: the cached version and tables when every worker is cached
-    (``meta`` None: ask for the metadata)."""
-    view = meta.view(ids, frozenset(keys_by_size)) if meta is not None else None
-    args: list[Any] = [prefix]
-    if view is None:
-        args += [b"-", msgspec.msgpack.encode(ids), b""]
-    else:  # the ids too: the version may have moved since
-        args += [meta.version, view.packed_ids, view.spec]  # type: ignore[union-attr]
+    """``FETCH``'s ARGV for shards given as (prefix, ids, cache): the cached version and
+    tables where every worker is cached (cache None: ask for the metadata)."""
+    sizes = frozenset(keys_by_size)
+    args: list[Any] = [len(parts)]
+    for prefix, ids, meta in parts:
+        view = meta.view(ids, sizes) if meta is not None else None
+        if meta is None or view is None:
+            args += [prefix, b"-", msgspec.msgpack.encode(ids), b""]
+        else:  # the ids too: the version may have moved since
+            args += [prefix, meta.version, view.packed_ids, view.spec]
     for bs, keys in keys_by_size.items():
         args += [bs, key_blob(keys)]
     return args
 
 
-__all__ = ["FETCH", "Mats", "MetaCache", "View", "columns", "decode", "fetch_args", "snapshots"]
+class RedisReads(IndexBackend):
+    """``fetch``, ``fetch_columns`` and ``copies`` of ``RedisIndex`` (split from it):
+    one ``FETCH`` per node, unpacked by the functions above."""
+
+    _r: Any
+    cluster: bool
+    shards: int
+    _meta: list[MetaCache]
+
+    async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        raise NotImplementedError
+
+    async def _call(self, fn: Callable[[], Awaitable[_T]]) -> _T:
+        raise NotImplementedError
+
+    def _x(self, worker_id: str) -> str:
+        raise NotImplementedError
+
+    def _prefix(self, worker_id: str) -> str:
+        raise NotImplementedError
+
+    async def copies(
+        self, worker_id: str, group: int, keys: Sequence[BlockKey], medium_bit: int = GPU_BIT
+    ) -> list[int]:
+        if not keys:
+            return []
+        prefix = self._prefix(worker_id)
+        x = self._x(worker_id)
+        fields = [k.to_bytes(8, "big") for k in keys]
+        tag = bytes([medium_bit])
+
+        async def run() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            pipe.hget(x + "slot", worker_id)
+            pipe.hmget(f"{x}x:{group}", fields)
+            pipe.hmget(f"{prefix}c:{group}", [f + tag for f in fields])
+            return await pipe.execute()
+
+        slot, rows, extra = await self._call(run)
+        if slot is None:
+            return [0] * len(keys)
+        masks = [_mask_in(r, int(slot)) for r in rows]
+        return [1 + int(e or 0) if m & medium_bit else 0 for m, e in zip(masks, extra, strict=True)]
+
+    async def _fetch(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> list[tuple[View, Mats]]:
+        """One ``FETCH`` per node (one call in all on a single server; calls to several
+        nodes run concurrently), each reading the shards of the asked-about workers it
+        serves."""
+        by_shard: dict[int, list[str]] = {}
+        for w in dict.fromkeys(worker_ids):
+            by_shard.setdefault(shard_of(w, self.shards), []).append(w)
+        calls: dict[str, list[int]] = {}
+        for sh in sorted(by_shard):
+            node = ""
+            if self.cluster:
+                node = self._r.get_node_from_key(index_prefix(sh) + "state").name
+            calls.setdefault(node, []).append(sh)
+
+        async def call(shards: list[int]) -> list[tuple[View, Mats]]:
+            parts = [(by_shard[sh], self._meta[sh]) for sh in shards]
+            key = index_prefix(shards[0]) + "state"
+            plan = [(index_prefix(sh), by_shard[sh], self._meta[sh]) for sh in shards]
+            got = await self._eval("FETCH", [key], fetch_args(plan, keys_by_size))
+            out = decode(
+                parts,
+                keys_by_size,
+                got,
+            )
+            if out is None:  # a concurrent call replaced cached metadata: ask afresh
+                plan = [(index_prefix(sh), by_shard[sh], None) for sh in shards]
+                got = await self._eval("FETCH", [key], fetch_args(plan, keys_by_size))
+                out = decode(parts, keys_by_size, got)
+            assert out is not None  # an answer with metadata always decodes
+            return out
+
+        if len(calls) == 1:
+            return await call(next(iter(calls.values())))
+        got = await asyncio.gather(*(call(shards) for shards in calls.values()))
+        return [r for rs in got for r in rs]
+
+    async def fetch(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> dict[str, WorkerSnapshot | None]:
+        if not worker_ids:
+            return {}
+        snaps = snapshots(await self._fetch(worker_ids, keys_by_size))
+        return {w: snaps[w] for w in dict.fromkeys(worker_ids)}
+
+    async def fetch_columns(
+        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
+    ) -> Columns | None:
+        if not worker_ids:
+            return None
+        return columns(await self._fetch(worker_ids, keys_by_size), keys_by_size)
+
+
+def _mask_in(row: bytes | None, slot: int) -> int:
+    """A worker's media mask in a holders string (``router.index.redis_lua``)."""
+    if not row:
+        return 0
+    code = bytes((8 + slot // 248, 8 + slot % 248))
+    p = row.find(code)
+    return row[p + 2] if p >= 0 else 0
+
+
+__all__ = [
+    "FETCH",
+    "Mats",
+    "MetaCache",
+    "Part",
+    "RedisReads",
+    "View",
+    "columns",
+    "decode",
+    "fetch_args",
+    "snapshots",
+]

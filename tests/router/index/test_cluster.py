@@ -1,5 +1,5 @@
 """The Redis index on a real 3-master Redis Cluster (started on loopback here), and the
-score's round trips: one script call per score, on one server and on a cluster.
+score's round trips: one script call per score on one server, one per node on a cluster.
 
 Two router replicas (two ``RedisIndex`` instances, each with its own ingestor and
 scorer) share the cluster: one ingests, both answer, and both answer exactly like the
@@ -134,7 +134,7 @@ async def test_two_replicas_on_a_cluster_answer_alike_with_one_call_per_node(
         prompts = await _feed([a, ref], seed=1)  # replica a ingests; b only reads
         workers = [f"w{w}" for w in range(N_WORKERS)]
         holding = [n for n in nodes if n.dbsize()]
-        assert len(holding) == 1  # one hash tag ({ix}): the index lives in one slot
+        assert len(holding) >= 2  # the workers' shards are spread over the nodes
         assert sorted(await b.index.known_workers()) == sorted(workers)
         await b.scorer.score_result(prompts[0], workers)  # learns the block sizes
         hits = 0
@@ -142,9 +142,10 @@ async def test_two_replicas_on_a_cluster_answer_alike_with_one_call_per_node(
             before = [_evalsha_calls(n) for n in nodes]
             got_b = await b.scorer.score_result(toks, [*workers, "unknown"])
             after = [_evalsha_calls(n) for n in nodes]
-            # one script call per score, on the node serving the index's slot
+            # one script call per node holding asked-about shards, none elsewhere
             calls = [y - x for x, y in zip(before, after, strict=True)]
-            assert sorted(calls) == [0] * (len(nodes) - 1) + [1]
+            assert sorted(calls, reverse=True)[: len(holding)] == [1] * len(holding)
+            assert sum(calls) <= len(nodes)
             got_a = await a.scorer.score_result(toks, [*workers, "unknown"])
             want = await ref.scorer.score_result(toks, [*workers, "unknown"])
             assert got_b == got_a == want

@@ -1,19 +1,23 @@
 """The Redis index's inverted layout (``router.index.redis_lua`` / ``redis_read``): what the
 contract suite cannot see from outside -- slots of removed workers are reused without
-stale rows, the metadata a replica caches follows another replica's changes, and a
-prefix every worker holds comes back as one holders string."""
+stale rows, the metadata a replica caches follows another replica's changes, a prefix
+every worker holds comes back as one holders string, and shards merge exactly."""
 
 from __future__ import annotations
+
+import random
 
 import redis
 from _kv_streams import EventSource, Harness, new_index, tokens
 
-from router.index.redis import INDEX_PREFIX, SLOT_KEY, STATE_KEY
+from router.index.redis import INDEX_PREFIX, SLOT_KEY, STATE_KEY, RedisIndex
+from router.index.redis_codec import shard_of
 from router.index.redis_read import FETCH, fetch_args
 from router.ingest.block_keys import request_keys
 
 BS = 16
 FULL = {"group": 0, "kind": "full_attention"}
+SWA = {"kind": "sliding_window", "window": 48}
 
 
 async def test_a_removed_workers_slot_is_reused_without_its_rows(redis_url: str) -> None:
@@ -84,12 +88,48 @@ async def test_a_prefix_every_worker_holds_is_one_holders_string(redis_url: str)
             await h.feed(w, src.store(toks, BS, 0, 32, **FULL))
         assert {r.hit_tokens for r in (await h.score(toks, workers)).workers} == {32 * BS}
         keys = {BS: request_keys(toks, BS, None, None)}
-        args = fetch_args(INDEX_PREFIX, workers, keys, None)
+        args = fetch_args([(INDEX_PREFIX, workers, None)], keys)
         got = client.eval(FETCH, 1, STATE_KEY, *args)
-        g, bs, nread, rows = got[3:7]
+        assert int(got[3]) == 1  # one table
+        g, bs, nread, rows = got[4:8]
         assert (int(g), int(bs), int(nread)) == (0, BS, 32)
         # The first block's 40 holders, then 31 one-byte "same as before" rows.
         assert len(rows) == 40 * 3 + 31 * 2
     finally:
         await index.close()
         client.close()
+
+
+async def test_shards_answer_like_the_memory_index(redis_url: str) -> None:
+    """Workers spread over several shards (what a cluster uses; here on one server): a
+    score merges the shards' columns and answers exactly like the in-process index --
+    40 workers take the all-workers path, 8 the per-worker one."""
+    sharded = Harness.build(RedisIndex(redis_url, shards=5))
+    ref = Harness.build(new_index("memory", None))
+    rng = random.Random(5)
+    src = EventSource()
+    prompts = [tokens(12 * BS + 3, seed=j) for j in range(3)]
+    workers = [f"w{i}" for i in range(40)]
+    try:
+        for w in workers:
+            events = []
+            for toks in prompts:
+                if rng.random() < 0.4:
+                    continue
+                stop = rng.randint(1, 12)
+                medium = rng.choice(["GPU", "GPU", "CPU"])
+                events.append(src.store(toks, BS, 0, stop, **FULL))
+                events.append(src.store(toks, BS, 0, stop, group=1, medium=medium, **SWA))
+            for h in (sharded, ref):
+                await h.feed(w, *events)
+        assert len({shard_of(w, 5) for w in workers}) == 5
+        hits = 0
+        for toks in prompts:
+            for ask in ([*workers, "nobody"], workers[:8]):
+                got = await sharded.scorer.score_result(toks, ask)
+                assert got == await ref.scorer.score_result(toks, ask)
+                hits += sum(1 for r in got.workers if r.hit_tokens)
+        assert hits > 40
+    finally:
+        await sharded.index.close()
+        await ref.index.close()
