@@ -316,6 +316,8 @@ class RedisReads(IndexBackend):
         for w in dict.fromkeys(worker_ids):
             by_shard.setdefault(shard_of(w, self.shards), []).append(w)
         calls: dict[str, list[int]] = {}
+        if self.cluster:  # the slot map (a no-op once the client has it)
+            await self._call(self._r.initialize)
         for sh in sorted(by_shard):
             node = ""
             if self.cluster:

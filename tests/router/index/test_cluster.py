@@ -151,6 +151,14 @@ async def test_two_replicas_on_a_cluster_answer_alike_with_one_call_per_node(
             assert got_b == got_a == want
             hits += sum(1 for r in want.workers if r.hit_tokens)
         assert hits >= N_WORKERS  # the comparison was about real hits
+        # A third router whose very first command is a score (the client learns the
+        # cluster's slot map on that call).
+        c = Harness.build(make_index("redis", url))
+        try:
+            got_c = await c.scorer.score_result(prompts[0], [*workers, "unknown"])
+            assert got_c == await ref.scorer.score_result(prompts[0], [*workers, "unknown"])
+        finally:
+            await c.index.close()
         stats = await b.index.stats()
         assert stats["workers"] == N_WORKERS and int(stats["entries"]) > 0
         assert int(stats["bytes"]) > sum(int(n.info("memory")["used_memory"]) for n in nodes) / 2
