@@ -147,6 +147,9 @@ def decode(
             g, bs, nread = int(tables[a]), int(tables[a + 1]), int(tables[a + 2])
             n = len(keys_by_size[bs])
             mats[(g, bs)] = _matrix(n, view.width, nread, bytes(tables[a + 3]))
+            # The last column stands for workers without a slot: it holds nothing, even
+            # where a worker not asked about has that slot number.
+            mats[(g, bs)][:, -1] = 0
         out.append((view, mats))
     return None if stale else out
 

@@ -133,3 +133,23 @@ async def test_shards_answer_like_the_memory_index(redis_url: str) -> None:
     finally:
         await sharded.index.close()
         await ref.index.close()
+
+
+async def test_a_worker_without_a_slot_holds_nothing(redis_url: str) -> None:
+    """A worker with metadata but no write yet has no slot: it reads an all-zero column,
+    never the blocks of a worker not asked about whose slot number that column has."""
+    index = new_index("redis", redis_url)
+    h = Harness.build(index)
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    try:
+        await h.feed("w0", src.store(toks, BS, 0, 2, **FULL))  # slot 0
+        await h.feed("w1", src.store(toks, BS, 0, 4, **FULL))  # slot 1
+        state = await index.load_worker("w0")
+        assert state is not None
+        await index.save_worker("idle", state)  # metadata only
+        for ask in (["w0", "idle"], [f"x{i}" for i in range(40)] + ["w0", "idle"]):
+            got = {r.worker_id: r.hit_tokens for r in (await h.score(toks, ask)).workers}
+            assert got["w0"] == 2 * BS and got["idle"] == 0
+    finally:
+        await index.close()
