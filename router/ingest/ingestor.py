@@ -44,8 +44,9 @@ from router.ingest.counters import IngestCounters
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
-from router.ingest.partials import PendingPartials
+from router.ingest.partials import PendingPartials, register
 from router.ingest.reannounce import Unwritten, find_reannouncements
+from router.ingest.recomputes import RecomputeLog
 from router.logging_setup import event_extra
 from router.ratelimited_log import RateLimitedLog
 from schemas import (
@@ -89,6 +90,8 @@ class Ingestor:
         # then one line a minute with the count suppressed meanwhile.
         self._limited = RateLimitedLog(log)
         self._partials: dict[str, PendingPartials] = {}  # partial entries not keyed yet
+        self._waiting = register(index, self._partials)  # scorers look them up
+        self._recomputes: dict[str, RecomputeLog] = {}  # report_full workers only
 
     # -- worker lifecycle -------------------------------------------------------------
 
@@ -107,6 +110,7 @@ class Ingestor:
         state = await self._state(worker_id)
         await self.index.clear_worker(worker_id)
         self._pending(worker_id).clear()
+        self._recomputes.pop(worker_id, None)
         self.counters.worker_clears += 1
         if state.hash_mode != "unknown":
             state.hash_mode = "unknown"
@@ -134,6 +138,7 @@ class Ingestor:
         self._states.pop(worker_id, None)
         self._recent.pop(worker_id, None)
         self._pending(worker_id).clear()
+        self._recomputes.pop(worker_id, None)
         await self.index.remove_worker(worker_id)
 
     async def worker_groups(self, worker_id: str) -> dict[int, GroupInfo]:
@@ -162,7 +167,9 @@ class Ingestor:
     def _pending(self, worker_id: str) -> PendingPartials:
         got = self._partials.get(worker_id)
         if got is None:
-            got = self._partials[worker_id] = PendingPartials(self.counters)
+            got = self._partials[worker_id] = PendingPartials(
+                self.counters, worker=worker_id, active=self._waiting
+            )
         return got
 
     def _bad(self, why: str) -> None:
@@ -293,6 +300,7 @@ class Ingestor:
         self._learn_unit(state, batch, ops, known)
         if ops:  # a new hash unit voided every key
             pend.clear()
+            self._recomputes.pop(worker_id, None)
         await self._resolve(worker_id, state, batch, known)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
@@ -305,7 +313,9 @@ class Ingestor:
                 partial(self._kind, state),
                 [m[0] for m in marks],
                 delta,
+                self._recomputes.setdefault(worker_id, RecomputeLog()),
             )
+        fixes = self._recomputes[worker_id].fixes if state.settings.report_full else {}
         keyed = planner.run()
         recent.extend((t, u) for t, u, here in planner.ranges if here)
 
@@ -313,6 +323,7 @@ class Ingestor:
         for i, ev in enumerate(batch.events):
             while pending and pending[-1][0] <= i:
                 ops.append(SeqOp(*pending.pop()[1:]))
+            ops += fixes.get(i, ())  # copies a recompute was denied (router.ingest.recomputes)
             if isinstance(ev, BlockStored):
                 c.events_stored += 1
                 self._store(state, ev, keyed.get(i), ops, pend)
@@ -377,7 +388,8 @@ class Ingestor:
             c.partial_stores += 1
         c.unknown_parent += keyed.unknown_parent
         if keyed.partial_unknown_prefix:
-            pend.add(g, bit, ev, [h for h in ev.block_hashes if h not in keyed.hashes])
+            unkeyed = [h for h in ev.block_hashes if h not in keyed.hashes]
+            pend.add(g, bit, ev, unkeyed, state.hash_unit)
         c.unresolved_blocks += keyed.unresolved
         c.unplaced_blocks += keyed.unplaced
         if keyed.hashes:

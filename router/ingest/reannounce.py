@@ -27,7 +27,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
-from router.index.base import GPU_BIT, EngineHash, IndexBackend, WorkerState
+from router.index.base import GPU_BIT, BlockKey, EngineHash, IndexBackend, WorkerState
+from router.ingest.recomputes import RecomputeLog, Record
 from schemas import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -112,12 +113,14 @@ async def find_reannouncements(
     kind_of: Callable[[BlockStored], str],
     starts: Sequence[int] = (),
     unwritten: Unwritten | None = None,
+    recomputes: RecomputeLog | None = None,
 ) -> set[int]:
     """Indices of the batch's stores that re-announce a hit (see the module doc).
 
     ``starts``: where each published batch (one engine step) begins in this merged
     batch; partners are looked for within one step. ``unwritten``: changes of earlier
-    batches not in the index yet; this batch's are added to it."""
+    batches not in the index yet; this batch's are added to it. ``recomputes``: the
+    worker's log of earlier calls; its ``fixes`` get this batch's corrections."""
     delta = unwritten if unwritten is not None else Unwritten()
     events = batch.events
     starts_of = {i: ev for i, ev in enumerate(events) if _chain_start(ev)}
@@ -139,7 +142,27 @@ async def find_reannouncements(
             ):
                 partners.append(j)
         cands[i] = partners
-    member = await _held_before(index, worker_id, state, events, cands) if cands else {}
+    log = recomputes if recomputes is not None else RecomputeLog()
+    log.fixes = {}
+    # Stores continuing a chain start taken for a re-announcement: their first block's
+    # copies are needed to tell whether it was a recompute (``router.ingest.recomputes``).
+    follow: dict[int, set[EngineHash]] = {}
+    proves = _plain_full(state)
+    if proves and (log.records or cands):
+        lasts = {(_group(ev), ev.block_hashes[-1]) for ev in starts_of.values()}  # type: ignore[union-attr]
+        lasts.update(log.records)
+        for ev in events:
+            if (
+                isinstance(ev, BlockStored)
+                and _continues(ev)
+                and (_group(ev), ev.parent_block_hash) in lasts
+            ):
+                follow.setdefault(_group(ev), set()).add(ev.block_hashes[0])
+    member, names = (
+        await _held_before(index, worker_id, state, events, cands, follow)
+        if cands or follow
+        else ({}, {})
+    )
     out: set[int] = set()
 
     def held(g: int, h: EngineHash) -> bool:
@@ -153,15 +176,67 @@ async def find_reannouncements(
             if _is_reannouncement(state, ev, mates, held, kind_of):  # type: ignore[arg-type]
                 out.add(i)
                 out.update(partners)
-        if i in out:
-            continue  # names blocks already cached (or null ones): no change
-        if isinstance(ev, BlockStored) and _on_gpu(ev):
-            delta.store(_group(ev), ev.block_hashes)
-        elif isinstance(ev, BlockRemoved) and _on_gpu(ev):
-            delta.remove(_group(ev), ev.block_hashes)
-        elif isinstance(ev, AllBlocksCleared):
-            delta.clear()
+                log.record(_record(log.pos, ev, mates, names))  # type: ignore[arg-type]
+        if proves and isinstance(ev, BlockStored) and _continues(ev):
+            rec = log.follows(_group(ev), ev.parent_block_hash)
+            x = ev.block_hashes[0]
+            if rec is not None and held(rec.group, x) and log.proves(rec, x):
+                for g, hashes in log.correct(i, rec):
+                    delta.store(g, hashes)
+        if isinstance(ev, BlockStored) and ev.block_hashes and _on_gpu(ev):
+            log.note_end(_group(ev), ev.block_hashes[-1])
+        if i not in out:  # a re-announcement names blocks already cached: no change
+            if isinstance(ev, BlockStored) and _on_gpu(ev):
+                delta.store(_group(ev), ev.block_hashes)
+                log.note(_group(ev), ev.block_hashes, stored=True)
+            elif isinstance(ev, BlockRemoved) and _on_gpu(ev):
+                delta.remove(_group(ev), ev.block_hashes)
+                log.note(_group(ev), ev.block_hashes, stored=False)
+            elif isinstance(ev, AllBlocksCleared):
+                delta.clear()
+                log.clear()
+        log.advance()
     return out
+
+
+def _plain_full(state: WorkerState) -> bool:
+    """Only full attention, no EAGLE: a lookup then hits every held block below the cap.
+    (With another group a hit can stop before a held full-attention block, the other
+    group lacking its window or state; EAGLE drops the last matched block. Either way
+    the block is recomputed by a request that read the cache.)"""
+    groups = state.groups.values()
+    return bool(groups) and not state.settings.eagle and all(m.rule == "full" for m in groups)
+
+
+def _continues(ev: BlockStored) -> bool:
+    """Two or more whole blocks on GPU after a parent: a prefill chunk (a decode step
+    fills one block at a time) -- see ``router.ingest.recomputes``."""
+    bs = ev.block_size
+    n = len(ev.block_hashes)
+    return (
+        ev.parent_block_hash is not None
+        and n >= 2
+        and isinstance(bs, int)
+        and n * bs == len(ev.token_ids)
+        and _on_gpu(ev)
+    )
+
+
+def _record(
+    pos: int,
+    ev: BlockStored,
+    mates: list[BlockStored],
+    names: dict[tuple[int, EngineHash], BlockKey],
+) -> Record:
+    """What to give back if the chain start turns out to be a recompute: its blocks
+    and its partners' that the map names (held then)."""
+    blocks = []
+    for e in (ev, *mates):
+        g = _group(e)
+        named = [(h, names[(g, h)]) for h in e.block_hashes if (g, h) in names]
+        if named:
+            blocks.append((g, [h for h, _ in named], [k for _, k in named]))
+    return Record(pos, _group(ev), ev.block_hashes[-1], blocks)
 
 
 def _is_reannouncement(
@@ -191,23 +266,28 @@ async def _held_before(
     state: WorkerState,
     events: Sequence[object],
     cands: dict[int, list[int]],
-) -> dict[tuple[int, EngineHash], int]:
-    """Copies on GPU before the batch of every (group, hash) the candidates name: the
-    hashes looked up in the map (``resolve``), their copies read per group (``copies``)."""
-    wanted: dict[int, set[EngineHash]] = {}
+    follow: dict[int, set[EngineHash]],
+) -> tuple[dict[tuple[int, EngineHash], int], dict[tuple[int, EngineHash], BlockKey]]:
+    """Copies on GPU before the batch of every (group, hash) the candidates and the
+    continuations (``follow``) name: the hashes looked up in the map (``resolve``),
+    their copies read per group (``copies``); and the keys the map gave."""
+    wanted: dict[int, set[EngineHash]] = {g: set(hs) for g, hs in follow.items()}
     for i, partners in cands.items():
         for j in (i, *partners):
             ev = events[j]
             assert isinstance(ev, BlockStored)
-            if _group(ev) in state.groups:
-                wanted.setdefault(_group(ev), set()).update(ev.block_hashes)
+            wanted.setdefault(_group(ev), set()).update(ev.block_hashes)
     out: dict[tuple[int, EngineHash], int] = {}
+    names: dict[tuple[int, EngineHash], BlockKey] = {}
     for g, hashes in wanted.items():
+        if g not in state.groups:
+            continue
         hs = list(hashes)
         found = await index.resolve(worker_id, state.groups[g].block_size, hs, live_only=True)
         named = [(h, k) for h, k in zip(hs, found, strict=True) if k is not None]
         if not named:
             continue
+        names.update(((g, h), k) for h, k in named)
         counts = await index.copies(worker_id, g, [k for _, k in named], GPU_BIT)
         out.update(((g, h), n) for (h, _), n in zip(named, counts, strict=True) if n)
-    return out
+    return out, names

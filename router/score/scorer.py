@@ -42,6 +42,7 @@ from router.index.base import (
 from router.ingest.block_keys import request_keys
 from router.ingest.placement import block_keys_at
 from router.score.bits import cohort_rows
+from router.score.partial_entries import PartialLookup
 from router.score.rows import GroupRow, ScoreResult, WorkerRow, bulk_metas
 from router.score.rule import Plan, tier, truncate
 from router.score.vec import columns_rows
@@ -162,6 +163,10 @@ class Scorer:
         keys: dict[int, Sequence[BlockKey]] = {bs: keys_for(bs, u) for bs, u in used.items()}
         n = len(token_ids)
         ids = list(dict.fromkeys(worker_ids))
+        # vLLM partial entries ingest could not key, found by the engine's own hashing
+        # (router.score.partial_entries): their workers take the per-worker path.
+        if waiting := PartialLookup.open(self.index, ids, token_ids, lora_name, cache_salt):
+            return _sorted(n, await self._via_snapshots(ids, keys, used, keys_for, n, waiting))
         use_bits = self.columns and self.bits and len(ids) >= self.bits_min_workers
         bits = await self.index.fetch_bits(ids) if use_bits else None
         if bits is not None:
@@ -207,8 +212,10 @@ class Scorer:
         used: dict[int, int],
         keys_for: Callable[[int, int | None], list[BlockKey]],
         n: int,
+        waiting: PartialLookup | None = None,
     ) -> list[WorkerRow]:
-        """Rows of ``ids`` (in order) from per-worker snapshots (``fetch``)."""
+        """Rows of ``ids`` (in order) from per-worker snapshots (``fetch``); ``waiting``:
+        partial entries to add to them (``router.score.partial_entries``)."""
         snaps = await self.index.fetch(ids, keys)
         again: dict[int | None, list[str]] = {}
         for wid, snap in snaps.items():
@@ -225,6 +232,8 @@ class Scorer:
                 self._sizes.add(bs)
                 self._units[bs] = unit or bs
             snaps.update(await self.index.fetch(wids, {bs: keys_for(bs, unit) for bs in sizes}))
+        if waiting is not None:
+            waiting.apply(snaps)
         memo: dict[object, Any] = {}
         return [self._worker(wid, snaps.get(wid), n, memo) for wid in ids]
 

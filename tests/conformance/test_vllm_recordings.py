@@ -21,24 +21,6 @@ from router.index import make_index
 PATHS = recording_paths()
 OUTCOMES: list[tuple[str, Outcome]] = []  # read by conftest's terminal summary
 
-# What the stream cannot tell (docs/vllm.md, "What cannot be known"): these shapes are
-# pinned at today's figure (exact probes at least, rejects at most, merged writes place
-# a few more partial entries), with no over-estimate, so any regression fails and the
-# gap stays documented.
-KNOWN_GAPS: dict[str, tuple[int, dict[str, int], str]] = {
-    "full_lora_salt": (
-        159,
-        {},
-        "a skip-cache request recomputing a held prefix from 0 reads as a re-announcement",
-    ),
-    "mamba_partial": (
-        151,
-        {"partial_unknown_prefix": 58},
-        "partial entries inside a 64-token block whose earlier units no event carried "
-        "before the probe (the 9 misses are under-estimates)",
-    ),
-}
-
 
 def test_recordings_match_the_scenarios() -> None:
     """Every scenario has its recording, made from today's workload and settings (a
@@ -82,15 +64,6 @@ async def test_vllm_recording(path: Path, kvroute: KvrouteUnderTest, merged: boo
     rec = load(path)
     out = await replay(rec, kvroute, merged=merged)
     OUTCOMES.append((type(kvroute.index).__name__, out))
-    if rec.name in KNOWN_GAPS:
-        floor, rejects, why = KNOWN_GAPS[rec.name]
-        # A gap stays on the safe side: what vLLM reuses is never over-estimated.
-        within = all(0 < n <= rejects.get(k, 0) for k, n in out.rejects.items())
-        assert out.exact >= floor and out.over == 0 and within, (
-            f"{rec.name}: {out.exact}/{out.total} exact (over {out.over}), rejects "
-            f"{out.rejects} (known gap: {why}; pinned at {floor}, no over, at most {rejects})"
-        )
-        return
     assert out.rejects == {}, f"{rec.name}: events rejected {out.rejects}"
     assert out.exact == out.total, (
         f"{rec.name} ({rec.description}): {out.exact}/{out.total} probes exact "
