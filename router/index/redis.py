@@ -5,9 +5,10 @@ retries) and a score reads every worker's membership with one script call
 (``router.index.redis_read``). Layout: inverted -- per (group, block key) the holders'
 slots and media masks (``router.index.redis_lua``) -- so a score reads one field per
 request block and group, flat in the worker count. Cluster:
-``redis+cluster://host:port`` (any node); every key carries the hash tag ``{ix}``, so
-no operation crosses slots (one slot holds the index: see docs/benchmarks.md, "Round 3:
-Redis", for what that means for balance). Encodings: ``router.index.redis_codec``.
+``redis+cluster://host:port`` (any node); workers spread over 16 shards, each one hash
+tag ``{ix:<n>}`` holding its workers' keys and the rows they share, so no script crosses
+slots and a score sends one call per node (docs/benchmarks.md, "Round 3: Redis": the
+tags and their balance). Encodings: ``router.index.redis_codec``.
 Engine hash -> key lookups needed *before* a batch go through a bounded local cache,
 valid across replicas by a per-worker epoch (``router.index.redis_cache``), and one
 ``HMGET`` for misses.

@@ -1,10 +1,11 @@
 """Server-side Lua of the Redis index's write side: one script call per batch.
 
 Inverted layout (why: a score then reads one hash field per request block and group,
-whatever the worker count -- ``router.index.redis_read``). All keys share one hash tag,
-``kvroute:{ix}:`` (``X``), so every script runs in one Redis Cluster slot.
+whatever the worker count -- ``router.index.redis_read``). Workers are split into shards
+(one on a single server); every key of a shard shares its hash tag, ``kvroute:{ix:<n>}:``
+(``X``), so every write script runs in one Redis Cluster slot.
 
-Shared by all workers: ``X..'x:'..g`` hash key(8 bytes) -> the holders of that block in
+Shared by the shard's workers: ``X..'x:'..g`` hash key(8 bytes) -> the holders of that block in
 group ``g``: 3 bytes per worker slot holding it, ``code(slot)`` (2 bytes, each >= 8)
 then the media mask (1..7). A mask byte is < 8 and a code byte >= 8, so a plain
 ``string.find`` of a code can only match at a holder's boundary (C speed, no scan).
