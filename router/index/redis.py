@@ -1,24 +1,23 @@
 """The Redis index: shared by router replicas, survives router restarts.
 
 Why Lua: a batch is applied by one script call (one round trip, atomic, idempotent under
-retries) and a score fetches every worker's membership with one script call per node
-(one round trip on a single server; on a cluster the calls to the nodes run
-concurrently). Cluster: ``redis+cluster://host:port`` (any node). Every key of a worker
-carries its hash tag ``{w:<id>}``, so ingest (``APPLY``) never crosses slots, and the
-score script reads the workers of one node with ``allow-cross-slot-keys`` (Redis >= 7).
-Balance: one slot per worker, so workers spread over the nodes like their ids' CRC16
-(a worker's entries all live on one node).
-Key layout: ``router.index.redis_lua``; encodings: ``router.index.redis_codec``. Engine
-hash -> key lookups needed *before* a batch go through a bounded local cache, valid
-across replicas by a per-worker epoch (``router.index.redis_cache``), and one ``HMGET``
-for misses.
+retries) and a score reads every worker's membership with one script call
+(``router.index.redis_read``). Layout: inverted -- per (group, block key) the holders'
+slots and media masks (``router.index.redis_lua``) -- so a score reads one field per
+request block and group, flat in the worker count. Cluster:
+``redis+cluster://host:port`` (any node); workers spread over 16 shards, each one hash
+tag ``{ix:<n>}`` holding its workers' keys and the rows they share, so no script crosses
+slots and a score sends one call per node (docs/benchmarks.md, "Round 3: Redis": the
+tags and their balance). Encodings: ``router.index.redis_codec``.
+Engine hash -> key lookups needed *before* a batch go through a bounded local cache,
+valid across replicas by a per-worker epoch (``router.index.redis_cache``), and one
+``HMGET`` for misses.
 
 Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,47 +29,55 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from router.index import redis_lua
+from router.index import redis_lua, redis_lua_read
 from router.index.base import (
     BIT_MEDIA,
-    GPU_BIT,
     ApplyResult,
     BlockKey,
     EngineHash,
     GroupMeta,
-    IndexBackend,
     IndexUnavailable,
     Op,
-    WorkerSnapshot,
     WorkerState,
 )
 from router.index.memory import GHOST_ENTRIES
 from router.index.redis_cache import MappingCache
 from router.index.redis_codec import (
-    NAMESPACE,
+    INDEX_PREFIX,
     State,
     apply_args,
     encode_hash,
     encode_hashes,
+    index_prefix,
     key_blob,
     new_epoch,
     plan_of,
+    shard_of,
     state_dec,
     state_enc,
     worker_prefix,
 )
+from router.index.redis_read import MetaCache, RedisReads
 
 __all__ = ["RedisIndex", "encode_hash", "encode_hashes", "key_blob", "worker_prefix"]
 
-WORKERS_KEY = NAMESPACE + "workers"
+WORKERS_KEY = INDEX_PREFIX + "workers"
 # Workers registered over REST (JSON specs): replicas and restarted routers share them.
-REGISTRATIONS_KEY = NAMESPACE + "registrations"
+REGISTRATIONS_KEY = INDEX_PREFIX + "registrations"
+# Per shard (``X = index_prefix(shard)``): X..'state' worker -> msgpack metadata,
+# X..'plan' worker -> "g,bs,full;...", X..'slot' worker -> its slot in the shard's rows,
+# X..'ver' grows with every metadata or slot change (``router.index.redis_lua``).
+STATE_KEY = INDEX_PREFIX + "state"  # shard 0's (the only shard on a single server)
+SLOT_KEY = INDEX_PREFIX + "slot"
+# Shards on a cluster: workers spread over this many hash tags (slots), so over the
+# nodes; a score reads every shard holding asked-about workers, one call per node.
+CLUSTER_SHARDS = 16
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
-class RedisIndex(IndexBackend):
+class RedisIndex(RedisReads):
     """redis-py asyncio backend; see the module docstring for the why."""
 
     kind = "redis"
@@ -83,11 +90,14 @@ class RedisIndex(IndexBackend):
         connect_timeout: float = 1.0,
         cache_entries: int = 1_000_000,
         ghost_entries: int = GHOST_ENTRIES,
+        shards: int | None = None,
     ) -> None:
         self.url = url
         self._ghost_cap = ghost_entries
         # ``redis+cluster://host:port``: a Redis Cluster reached through any of its nodes.
         self.cluster = url.startswith(CLUSTER_SCHEMES)
+        # Every router sharing one Redis must use the same number (it places workers).
+        self.shards = shards or (CLUSTER_SHARDS if self.cluster else 1)
         opts: dict[str, Any] = {
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": connect_timeout,
@@ -101,6 +111,7 @@ class RedisIndex(IndexBackend):
             self._r = aioredis.Redis.from_url(url, **opts)
         self._sha: dict[str, str] = {}
         self._mappings = MappingCache(cache_entries)
+        self._meta = [MetaCache() for _ in range(self.shards)]
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -112,7 +123,8 @@ class RedisIndex(IndexBackend):
 
     async def _script_sha(self, name: str, reload: bool = False) -> str:
         if reload or name not in self._sha:
-            self._sha[name] = await self._r.script_load(getattr(redis_lua, name))
+            source = getattr(redis_lua_read if name == "FETCH" else redis_lua, name)
+            self._sha[name] = await self._r.script_load(source)
         return self._sha[name]
 
     async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -142,14 +154,18 @@ class RedisIndex(IndexBackend):
         async def collect() -> tuple[int, int, int]:
             pipe = self._r.pipeline(transaction=False)
             for w in workers:
-                pipe.smembers(worker_prefix(w) + "keys")
+                pipe.smembers(self._prefix(w) + "keys")
             names = [n.decode() for members in await pipe.execute() for n in members]
+            counts = [n for n in names if ":n:" in n]
+            maps = [n for n in names if ":e:" in n]
             pipe = self._r.pipeline(transaction=False)
-            for n in names:
+            for n in counts:
+                pipe.hget(n, "k")
+            for n in maps:
                 pipe.hlen(n)
-            lens = await pipe.execute() if names else []
-            entries = sum(c for n, c in zip(names, lens, strict=True) if ":g:" in n)
-            map_entries = sum(c for n, c in zip(names, lens, strict=True) if ":e:" in n)
+            got = await pipe.execute() if names else []
+            entries = sum(int(c or 0) for c in got[: len(counts)])
+            map_entries = sum(got[len(counts) :])
             opts = {"target_nodes": RedisCluster.PRIMARIES} if self.cluster else {}
             info = await self._r.info("memory", **opts)
             if "used_memory" in info:
@@ -169,7 +185,8 @@ class RedisIndex(IndexBackend):
         }
 
     async def load_worker(self, worker_id: str) -> WorkerState | None:
-        raw = await self._call(lambda: self._r.hget(worker_prefix(worker_id) + "meta", "state"))
+        x = self._x(worker_id)
+        raw = await self._call(lambda: self._r.hget(x + "state", worker_id))
         if raw is None:
             return None
         return state_dec.decode(raw).worker_state()
@@ -178,14 +195,17 @@ class RedisIndex(IndexBackend):
         blob = state_enc.encode(
             State(state.hash_mode, state.groups, state.hash_unit, state.settings)
         )
-        meta = worker_prefix(worker_id) + "meta"
+        meta = self._prefix(worker_id) + "meta"
+        x = self._x(worker_id)
 
         async def run() -> None:
-            # On a cluster the two keys live in different slots: no MULTI across them
-            # (the worker set is only read to list workers).
+            # On a cluster the worker set may live in another slot: no MULTI across it
+            # (it is only read to list workers).
             pipe = self._r.pipeline(transaction=not self.cluster)
-            pipe.hset(meta, mapping={"state": blob, "plan": plan_of(state.groups)})
+            pipe.hset(x + "state", worker_id, blob)
+            pipe.hset(x + "plan", worker_id, plan_of(state.groups))
             pipe.hsetnx(meta, "epoch", new_epoch())  # a new worker (or one re-created)
+            pipe.incr(x + "ver")  # cached metadata is stale (router.index.redis_read)
             pipe.sadd(WORKERS_KEY, worker_id)
             await pipe.execute()
 
@@ -204,14 +224,14 @@ class RedisIndex(IndexBackend):
         live_only: bool = False,
     ) -> list[BlockKey | None]:
         if live_only:  # the server's map only: the local cache may hold removed blocks
-            name = f"{worker_prefix(worker_id)}e:{block_size}"
+            name = f"{self._prefix(worker_id)}e:{block_size}"
             fields_ = [encode_hash(h) for h in hashes]
             got = await self._call(lambda: self._r.hmget(name, fields_))
             return [int.from_bytes(v, "big") if v else None for v in got]
         cache = self._mappings.get(worker_id, block_size)
         out = [cache.get(h) for h in hashes]
         misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
-        prefix = worker_prefix(worker_id)
+        prefix = self._prefix(worker_id)
         fields = [encode_hash(h) for h in misses]
 
         async def run() -> list[Any]:
@@ -250,7 +270,10 @@ class RedisIndex(IndexBackend):
         # must not leave mappings Redis does not hold); dropping entries is always safe.
         learned: list[tuple[str, int, dict[EngineHash, BlockKey]]] = []
         calls = [
-            (worker_prefix(w), apply_args(w, self._ghost_cap, groups, ops, learned, self._mappings))
+            (
+                self._prefix(w),
+                apply_args(w, self._ghost_cap, groups, ops, learned, self._mappings, self.shards),
+            )
             for w, groups, ops in items
         ]
         sha = await self._call(lambda: self._script_sha("APPLY"))
@@ -275,10 +298,10 @@ class RedisIndex(IndexBackend):
 
     async def clear_worker(self, worker_id: str) -> None:
         self._mappings.forget(worker_id)
-        prefix = worker_prefix(worker_id)
-        got = await self._eval(
-            "APPLY", [prefix + "keys"], [prefix, self._ghost_cap, f"3 {new_epoch()}".encode()]
-        )
+        prefix = self._prefix(worker_id)
+        x = self._x(worker_id)
+        args = [prefix, self._ghost_cap, x, worker_id, f"3 {new_epoch()}".encode()]
+        got = await self._eval("APPLY", [prefix + "keys"], args)
         self._mappings.check_epoch(worker_id, got[5])
         await self._call(lambda: self._r.unlink(prefix + "s"))
 
@@ -293,7 +316,7 @@ class RedisIndex(IndexBackend):
         return {k.decode(): bytes(v) for k, v in raw.items()}
 
     async def load_seqs(self, worker_id: str) -> dict[int, tuple[int, int]]:
-        raw = await self._call(lambda: self._r.hgetall(worker_prefix(worker_id) + "s"))
+        raw = await self._call(lambda: self._r.hgetall(self._prefix(worker_id) + "s"))
         out: dict[int, tuple[int, int]] = {}
         for rank, value in raw.items():
             seq, _, fp = value.partition(b":")
@@ -303,40 +326,26 @@ class RedisIndex(IndexBackend):
     async def remove_worker(self, worker_id: str) -> None:
         await self.clear_worker(worker_id)
 
+        x = self._x(worker_id)
+
         async def run() -> None:
             pipe = self._r.pipeline(transaction=not self.cluster)
-            pipe.execute_command("UNLINK", worker_prefix(worker_id) + "meta")  # cluster-safe
+            pipe.execute_command("UNLINK", self._prefix(worker_id) + "meta")  # cluster-safe
+            pipe.hdel(x + "state", worker_id)
+            pipe.hdel(x + "plan", worker_id)
             pipe.srem(WORKERS_KEY, worker_id)
+            pipe.incr(x + "ver")
             await pipe.execute()
 
         await self._call(run)
-
-    async def copies(
-        self, worker_id: str, group: int, keys: Sequence[BlockKey], medium_bit: int = GPU_BIT
-    ) -> list[int]:
-        if not keys:
-            return []
-        prefix = worker_prefix(worker_id)
-        fields = [k.to_bytes(8, "big") for k in keys]
-        tag = bytes([medium_bit])
-
-        async def run() -> list[Any]:
-            pipe = self._r.pipeline(transaction=False)
-            pipe.hmget(f"{prefix}g:{group}", fields)
-            pipe.hmget(f"{prefix}c:{group}", [f + tag for f in fields])
-            return await pipe.execute()
-
-        masks, extra = await self._call(run)
-        return [
-            1 + int(e or 0) if m is not None and int(m) & medium_bit else 0
-            for m, e in zip(masks, extra, strict=True)
-        ]
+        # Its rows were left by the clear: the slot can go to a new worker.
+        await self._eval("FREE", [x + "slot"], [x, worker_id])
 
     async def group_counts(self, worker_id: str) -> dict[int, dict[str, int]]:
         state = await self.load_worker(worker_id)
         if state is None or not state.groups:
             return {}
-        prefix = worker_prefix(worker_id)
+        prefix = self._prefix(worker_id)
         order = sorted(state.groups)
 
         async def run() -> list[Any]:
@@ -347,52 +356,13 @@ class RedisIndex(IndexBackend):
 
         out: dict[int, dict[str, int]] = {}
         for g, raw in zip(order, await self._call(run), strict=True):
-            counts = {int(k): int(v) for k, v in raw.items()}
+            counts = {int(k): int(v) for k, v in raw.items() if k != b"k"}
             out[g] = {m: counts[b] for b, m in BIT_MEDIA if counts.get(b)}
         return out
 
-    async def fetch(
-        self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
-    ) -> dict[str, WorkerSnapshot | None]:
-        blobs: list[Any] = []
-        for bs, keys in keys_by_size.items():
-            blobs += [bs, key_blob(keys)]
-        ids = list(dict.fromkeys(worker_ids))
-        if not ids:
-            return {}
-        # One script call per node: all workers on a single server, the workers whose
-        # slots a node serves on a cluster (calls to different nodes run concurrently).
-        parts: dict[str, tuple[Any, list[str]]] = {}
-        if self.cluster:
-            for w in ids:
-                node = self._r.get_node_from_key(worker_prefix(w) + "meta")
-                parts.setdefault(node.name, (node, []))[1].append(w)
-        else:
-            parts[""] = (None, ids)
+    def _x(self, worker_id: str) -> str:
+        """The worker's shard prefix."""
+        return index_prefix(shard_of(worker_id, self.shards))
 
-        async def call(sha: str, node: Any, ws: list[str]) -> list[Any]:
-            prefixes = [worker_prefix(w) for w in ws]
-            opts = {"target_nodes": node} if node is not None else {}
-            return await self._r.execute_command(  # type: ignore[no-any-return]
-                "EVALSHA", sha, 1, prefixes[0] + "meta", len(ws), *prefixes, *blobs, **opts
-            )
-
-        async def run(sha: str) -> list[list[Any]]:
-            return list(await asyncio.gather(*(call(sha, n, ws) for n, ws in parts.values())))
-
-        sha = await self._call(lambda: self._script_sha("FETCH"))
-        try:
-            got = await self._call(lambda: run(sha))
-        except NoScriptError:  # Redis restarted or SCRIPT FLUSH: load it and ask once more
-            sha = await self._call(lambda: self._script_sha("FETCH", reload=True))
-            got = await self._call(lambda: run(sha))
-        out: dict[str, WorkerSnapshot | None] = {}
-        for (_, ws), replies in zip(parts.values(), got, strict=True):
-            for w, reply in zip(ws, replies, strict=True):
-                if reply is None:
-                    out[w] = None
-                    continue
-                st = state_dec.decode(reply[0])
-                masks = {int(reply[i]): bytes(reply[i + 1]) for i in range(1, len(reply), 2)}
-                out[w] = WorkerSnapshot(dict(st.groups), masks, st.hash_unit, st.settings)
-        return {w: out[w] for w in ids}
+    def _prefix(self, worker_id: str) -> str:
+        return worker_prefix(worker_id, self.shards)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sys
+import zlib
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,21 @@ _OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack
 NAMESPACE = "kvroute:"
 
 
+def index_prefix(shard: int) -> str:
+    """``kvroute:{ix:<shard>}:`` -- the hash tag of one shard: its workers' keys and the
+    shared rows of those workers live in one Redis Cluster slot, so no script crosses
+    slots (``router.index.redis_lua``)."""
+    return f"{NAMESPACE}{{ix:{shard}}}:"
+
+
+def shard_of(worker_id: str, shards: int) -> int:
+    """A worker's shard: a stable hash of its id (one shard on a single server)."""
+    return zlib.crc32(worker_id.encode()) % shards if shards > 1 else 0
+
+
+INDEX_PREFIX = index_prefix(0)  # shard 0 also holds the worker set and registrations
+
+
 class State(msgspec.Struct, array_like=True):
     hash_mode: str
     groups: dict[int, GroupMeta]
@@ -46,9 +62,9 @@ state_enc = msgspec.msgpack.Encoder()
 state_dec = msgspec.msgpack.Decoder(State)
 
 
-def worker_prefix(worker_id: str) -> str:
-    """``kvroute:{w:<id>}:`` -- the hash tag puts all of a worker's keys in one slot."""
-    return f"{NAMESPACE}{{w:{worker_id}}}:"
+def worker_prefix(worker_id: str, shards: int = 1) -> str:
+    """``kvroute:{ix:<shard>}:w:<id>:`` -- a worker's own keys, in its shard's slot."""
+    return f"{index_prefix(shard_of(worker_id, shards))}w:{worker_id}:"
 
 
 def encode_hash(h: EngineHash) -> bytes:
@@ -111,11 +127,13 @@ def apply_args(
     ops: Sequence[Op],
     learned: list[tuple[str, int, dict[EngineHash, BlockKey]]],
     cache: MappingCache,
+    shards: int = 1,
 ) -> list[Any]:
     """``APPLY``'s arguments for one worker's ops (format: ``router.index.redis_lua``);
     ``learned`` collects the mappings to cache once Redis took the write."""
-    prefix = worker_prefix(worker_id)
-    args: list[Any] = [prefix, ghost_cap]
+    prefix = worker_prefix(worker_id, shards)
+    xprefix = index_prefix(shard_of(worker_id, shards))
+    args: list[Any] = [prefix, ghost_cap, xprefix, worker_id]
     for op in ops:
         if isinstance(op, SeqOp):
             args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())

@@ -1,25 +1,35 @@
-"""Server-side Lua for the Redis index: one script call per batch, one per score and node.
+"""Server-side Lua of the Redis index's write side: one script call per batch.
 
-Every key a script touches belongs to one worker and carries its hash tag
-(``kvroute:{w:<id>}:...``), so a script runs on one Redis Cluster slot. Scripts build
-their key names from the worker prefix (same slot, same node).
+Inverted layout (why: a score then reads one hash field per request block and group,
+whatever the worker count -- ``router.index.redis_read``). Workers are split into shards
+(one on a single server); every key of a shard shares its hash tag, ``kvroute:{ix:<n>}:``
+(``X``), so every write script runs in one Redis Cluster slot.
 
-Layout of one worker ``P = kvroute:{w:<id>}:``:
-``P..'meta'`` hash {state: msgpack metadata, plan: "g,bs,full;...", epoch: a random
-token set when the worker is created and at every clear} ·
-``P..'g:'..g`` hash key(8 bytes) -> media mask · ``P..'n:'..g`` hash bit -> block count ·
-``P..'c:'..g`` hash key..bit -> copies beyond the first (vLLM keeps duplicates) ·
-``P..'e:'..bs`` hash engine hash -> key · ``P..'s'`` hash rank -> "seq:fingerprint" of the
-last applied batch (not in the key set: an in-stream clear keeps it) ·
-``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings of blocks gone from every tier (newer /
-older generation) · ``P..'keys'`` set of the data key names above
-(the reverse structure: clearing or deleting a worker unlinks exactly these).
+Shared by the shard's workers: ``X..'x:'..g`` hash key(8 bytes) -> the holders of that block in
+group ``g``: 3 bytes per worker slot holding it, ``code(slot)`` (2 bytes, each >= 8)
+then the media mask (1..7). A mask byte is < 8 and a code byte >= 8, so a plain
+``string.find`` of a code can only match at a holder's boundary (C speed, no scan).
+``X..'slot'`` hash worker -> slot, ``X..'free'`` zset of freed slots, ``X..'next'``
+the next new slot; ``X..'ver'`` a counter every metadata or slot change increments
+(clients cache metadata by it); ``X..'state'`` / ``X..'plan'`` hashes worker -> msgpack metadata /
+"g,bs,full;..." (read by a score in one HMGET each).
+
+Per worker ``P = X..'w:'..<id>..':'``: ``P..'meta'`` hash {epoch: a random token set when
+the worker is created and at every clear} · ``P..'n:'..g`` hash bit -> block count, 'k'
+-> keys held on any medium · ``P..'c:'..g`` hash key..bit -> copies beyond the first
+(vLLM keeps duplicates) · ``P..'e:'..bs`` hash engine hash -> key · ``P..'s'`` hash rank
+-> "seq:fingerprint" of the last applied batch (not in the key set: an in-stream clear
+keeps it) · ``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings of blocks gone from every
+tier (newer / older generation) · ``P..'gs'`` set of "g bs" the worker stored into ·
+``P..'keys'`` set of the data key names above (the reverse structure: a clear walks
+``e:bs`` to take the worker out of the shared rows, then unlinks exactly these).
 """
 
 from __future__ import annotations
 
-# KEYS[1] = P..'keys'. ARGV[1] = P, ARGV[2] = ghost generation size. Then a flat op list,
-# each op starting with one header argument of space-separated decimals:
+# KEYS[1] = P..'keys'. ARGV[1] = P, ARGV[2] = ghost generation size, ARGV[3] = X,
+# ARGV[4] = worker id. Then a flat op list, each op starting with one header argument
+# of space-separated decimals:
 #   "1 group bs bit n hw nsib sib..." (store), then hashes, then keys
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
 #   "3 epoch" (clear; the worker's cache epoch becomes ``epoch``, see RedisIndex.resolve)
@@ -27,22 +37,91 @@ from __future__ import annotations
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
 # arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
 # HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
-# One header instead of a field per argument: the client encodes each argument in
-# Python, and ~9 per op was a measurable share of the router's ingest CPU.
 # Returns {stored, stored_repeat, removed, removed_missing, skipped_batches, epoch}:
 # ``epoch`` is the worker's ``P..'meta'`` field after the call (replicas drop cached
 # mappings of a worker whose epoch another replica changed).
 APPLY = r"""
 local P = ARGV[1]
 local CAP = tonumber(ARGV[2])
+local X = ARGV[3]
+local W = ARGV[4]
 local REV = KEYS[1]
+local GS = P .. 'gs'
+local sub, find, byte, char = string.sub, string.find, string.byte, string.char
 local stored, repeat_, removed, missing = 0, 0, 0, 0
+local code = nil
+local function slot_code()
+  if code then return code end
+  local s = redis.call('HGET', X .. 'slot', W)
+  if not s then
+    local f = redis.call('ZPOPMIN', X .. 'free')
+    if #f > 0 then s = f[1] else s = redis.call('INCR', X .. 'next') - 1 end
+    redis.call('HSET', X .. 'slot', W, s)
+    redis.call('INCR', X .. 'ver')
+  end
+  s = tonumber(s)
+  code = char(8 + math.floor(s / 248), 8 + s % 248)
+  return code
+end
 local function split(blob, w, n)
   local t = {}
-  for j = 0, n - 1 do t[j + 1] = string.sub(blob, j * w + 1, j * w + w) end
+  for j = 0, n - 1 do t[j + 1] = sub(blob, j * w + 1, j * w + w) end
   return t
 end
-local i = 3
+-- The worker's mask in a holders string (0: not held) and its position.
+local function mask_in(v)
+  if not v then return 0, nil end
+  local p = find(v, code, 1, true)
+  if p then return byte(v, p + 2), p end
+  return 0, nil
+end
+-- The holders string with the worker's mask set to m (0 drops the worker).
+local function with_mask(v, p, m)
+  if p then
+    if m == 0 then return sub(v, 1, p - 1) .. sub(v, p + 3) end
+    return sub(v, 1, p + 1) .. char(m) .. sub(v, p + 3)
+  end
+  return (v or '') .. code .. char(m)
+end
+local function write_rows(XG, upd, gone)
+  if #upd > 0 then redis.call('HSET', XG, unpack(upd)) end
+  if #gone > 0 then redis.call('HDEL', XG, unpack(gone)) end
+end
+-- Take the worker out of every shared row it is in (a clear).
+local function leave_rows()
+  for _, gb in ipairs(redis.call('SMEMBERS', GS)) do
+    local g, bs = string.match(gb, '^(%S+) (%S+)$')
+    local XG = X .. 'x:' .. g
+    local ks = redis.call('HVALS', P .. 'e:' .. bs)
+    for lo = 1, #ks, 2000 do
+      local hi = math.min(#ks, lo + 1999)
+      local vs = redis.call('HMGET', XG, unpack(ks, lo, hi))
+      local upd, gone, seen = {}, {}, {}
+      for j = lo, hi do
+        local k = ks[j]
+        local m, p = mask_in(vs[j - lo + 1])
+        if p and not seen[k] then
+          seen[k] = true
+          local v = with_mask(vs[j - lo + 1], p, 0)
+          if v == '' then gone[#gone + 1] = k else upd[#upd + 1] = k; upd[#upd + 1] = v end
+        end
+      end
+      write_rows(XG, upd, gone)
+    end
+  end
+end
+slot_code()
+-- Per call: names already added to the key sets, and the resolved keys of a hashes
+-- blob (a hybrid model stores the same blocks into each group of a block size: the
+-- second op reuses the first's lookup; any removal or clear forgets them).
+local added, resolved = {}, {}
+local function note(set, name)
+  if not added[name] then
+    redis.call('SADD', set, name)
+    added[name] = true
+  end
+end
+local i = 5
 local nargs = #ARGV
 local S = P .. 's'
 local skip, skipped = false, 0
@@ -69,17 +148,20 @@ while i <= nargs do
       i = i + (hw > 0 and 1 or n) + (op == '1' and 1 or 0)
     end
   elseif op == '3' then
+    leave_rows()
     local names = redis.call('SMEMBERS', REV)
     for _, name in ipairs(names) do redis.call('UNLINK', name) end
-    redis.call('DEL', REV)
+    redis.call('DEL', REV, GS)
+    added, resolved = {}, {}
     if hdr[2] then redis.call('HSET', P .. 'meta', 'epoch', hdr[2]) end
   else
     local g, bs, b = hdr[2], hdr[3], tonumber(hdr[4])
     local n, hw, nsib = tonumber(hdr[5]), tonumber(hdr[6]), tonumber(hdr[7])
     local sibs = {}
-    for s = 1, nsib do sibs[s] = P .. 'g:' .. hdr[7 + s] end
-    local hs
+    for s = 1, nsib do sibs[s] = X .. 'x:' .. hdr[7 + s] end
+    local hs, blob
     if hw > 0 then
+      blob = bs .. ':' .. ARGV[i]
       hs = split(ARGV[i], hw, n)
       i = i + 1
     else
@@ -87,63 +169,79 @@ while i <= nargs do
       for j = 1, n do hs[j] = ARGV[i + j - 1] end
       i = i + n
     end
-    local G, N, E = P .. 'g:' .. g, P .. 'n:' .. g, P .. 'e:' .. bs
-    local CB = string.char(b)
-    local changed = 0
+    local XG, N, E = X .. 'x:' .. g, P .. 'n:' .. g, P .. 'e:' .. bs
+    local CB = char(b)
+    local changed, held = 0, 0
     if op == '1' then
-      local ks = split(ARGV[i], 8, n)
-      i = i + 1
-      redis.call('SADD', REV, G, N, E)
-      local known = redis.call('HMGET', E, unpack(hs))
-      local pending, newmap = {}, {}
-      for j = 1, n do
-        local h = hs[j]
-        if known[j] then
-          ks[j] = known[j]
-        elseif pending[h] then
-          ks[j] = pending[h]
-        else
-          pending[h] = ks[j]
-          newmap[#newmap + 1] = h
-          newmap[#newmap + 1] = ks[j]
+      note(REV, N)  -- first: a failing write (WRONGTYPE) then changes nothing
+      note(REV, E)
+      note(GS, g .. ' ' .. bs)
+      local ks = blob and resolved[blob]
+      if not ks then
+        ks = split(ARGV[i], 8, n)
+        local known = redis.call('HMGET', E, unpack(hs))
+        local pending, newmap = {}, {}
+        for j = 1, n do
+          local h = hs[j]
+          if known[j] then
+            ks[j] = known[j]
+          elseif pending[h] then
+            ks[j] = pending[h]
+          else
+            pending[h] = ks[j]
+            newmap[#newmap + 1] = h
+            newmap[#newmap + 1] = ks[j]
+          end
         end
+        if #newmap > 0 then redis.call('HSET', E, unpack(newmap)) end
+        if blob then resolved[blob] = ks end
       end
-      if #newmap > 0 then redis.call('HSET', E, unpack(newmap)) end
-      local ms = redis.call('HMGET', G, unpack(ks))
-      local cur, upd, dup = {}, {}, {}
+      i = i + 1
+      local vs = redis.call('HMGET', XG, unpack(ks))
+      local cur, order, dup = {}, {}, {}
       for j = 1, n do
         local k = ks[j]
-        local m = cur[k] or tonumber(ms[j] or '0')
+        local v = cur[k]
+        if v == nil then
+          v = vs[j] or ''
+          order[#order + 1] = k
+        end
+        local m, p = mask_in(v)
         if bit.band(m, b) == 0 then
-          m = m + b
-          upd[#upd + 1] = k
-          upd[#upd + 1] = m
+          if m == 0 then held = held + 1 end
+          v = with_mask(v, p, m + b)
           changed = changed + 1
         else
           dup[#dup + 1] = k .. CB
         end
-        cur[k] = m
+        cur[k] = v
       end
-      if #upd > 0 then redis.call('HSET', G, unpack(upd)) end
+      if changed > 0 then
+        local upd = {}
+        for _, k in ipairs(order) do upd[#upd + 1] = k; upd[#upd + 1] = cur[k] end
+        redis.call('HSET', XG, unpack(upd))
+      end
       if #dup > 0 then
         local C = P .. 'c:' .. g
-        redis.call('SADD', REV, C)
+        note(REV, C)
         for _, f in ipairs(dup) do redis.call('HINCRBY', C, f, 1) end
       end
       stored = stored + changed
       repeat_ = repeat_ + n - changed
       if changed > 0 then redis.call('HINCRBY', N, b, changed) end
+      if held > 0 then redis.call('HINCRBY', N, 'k', held) end
     else
+      resolved = {}  -- the map may lose entries here
       local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
       local ks = redis.call('HMGET', E, unpack(hs))
       local kl = {}
       for j = 1, n do if ks[j] then kl[#kl + 1] = ks[j] end end
       if #kl > 0 then
-        local ms = redis.call('HMGET', G, unpack(kl))
+        local vs = redis.call('HMGET', XG, unpack(kl))
         local cur, order = {}, {}
         for j = 1, #kl do
           if cur[kl[j]] == nil then
-            cur[kl[j]] = tonumber(ms[j] or '0')
+            cur[kl[j]] = vs[j] or ''
             order[#order + 1] = kl[j]
           end
         end
@@ -159,18 +257,19 @@ while i <= nargs do
             if cv[j] then extra[order[j]] = tonumber(cv[j]) end
           end
         end
-        local touched = {}
+        local touched, dirty = {}, {}
         for j = 1, n do
           local k = ks[j]
           if k then
-            local m = cur[k]
+            local m, p = mask_in(cur[k])
             if bit.band(m, b) ~= 0 then
               local e = extra[k]
               if e and e > 0 then
                 extra[k] = e - 1
                 touched[k] = true
               else
-                cur[k] = m - b
+                cur[k] = with_mask(cur[k], p, m - b)
+                dirty[k] = true
                 owner[k] = hs[j]
               end
               changed = changed + 1
@@ -184,35 +283,35 @@ while i <= nargs do
             redis.call('HDEL', C, k .. CB)
           end
         end
-        local upd, gone = {}, {}
+        local upd, empty, gone = {}, {}, {}
         for _, k in ipairs(order) do
-          if owner[k] then
-            if cur[k] > 0 then
-              upd[#upd + 1] = k
-              upd[#upd + 1] = cur[k]
-            else
-              gone[#gone + 1] = k
-            end
+          if dirty[k] then
+            local v = cur[k]
+            if v == '' then empty[#empty + 1] = k else upd[#upd + 1] = k; upd[#upd + 1] = v end
+            if mask_in(v) == 0 then gone[#gone + 1] = k end
           end
         end
-        if #upd > 0 then redis.call('HSET', G, unpack(upd)) end
+        write_rows(XG, upd, empty)
         if #gone > 0 then
-          redis.call('HDEL', G, unpack(gone))
-          local held = {}
-          for _, S in ipairs(sibs) do
-            local there = redis.call('HMGET', S, unpack(gone))
-            for j = 1, #gone do if there[j] then held[gone[j]] = true end end
+          redis.call('HINCRBY', N, 'k', -#gone)
+          local there_ = {}
+          for _, XS in ipairs(sibs) do
+            local there = redis.call('HMGET', XS, unpack(gone))
+            for j = 1, #gone do
+              if mask_in(there[j]) ~= 0 then there_[gone[j]] = true end
+            end
           end
           local drop = {}
           for _, k in ipairs(gone) do
-            if not held[k] then drop[#drop + 1] = k end
+            if not there_[k] then drop[#drop + 1] = k end
           end
           if #drop > 0 then
             local T = P .. 't:' .. bs
             local hs_ = {}
             for j, k in ipairs(drop) do hs_[j] = owner[k] end
             redis.call('HDEL', E, unpack(hs_))
-            redis.call('SADD', REV, T, P .. 'u:' .. bs)
+            note(REV, T)
+            note(REV, P .. 'u:' .. bs)
             local size = redis.call('HLEN', T)
             -- Chunks that can at most fill the generation: the rename happens after the
             -- same mapping as one HSET per mapping would (each adds at most one field).
@@ -245,80 +344,14 @@ end
 return {stored, repeat_, removed, missing, skipped, redis.call('HGET', P .. 'meta', 'epoch')}
 """
 
-# One call for many workers (one round trip per score on one node; one per node on a
-# cluster). KEYS[1] = the first worker's P..'meta' (it routes the call), ARGV[1] = N,
-# ARGV[2..N+1] = the workers' prefixes P, then pairs (block size, concatenated 8-byte
-# keys). Returns one reply per worker: false for
-# an unknown worker, else {state, g1, masks1, g2, masks2, ...} where masks is one byte
-# per block (the media mask), truncated as WorkerSnapshot documents; groups whose block
-# size was not sent are left out. The key blobs are split once for all workers, and
-# HMGETs grow geometrically (32, 64, ... 512 fields) so a short full-attention prefix
-# stops early. ``allow-cross-slot-keys`` (Redis >= 7): on a cluster the workers of one
-# call live on one node but in different slots (one hash tag per worker); Redis still
-# wants the *declared* keys in one slot, hence one declared key and the rest built from
-# the prefixes. ``no-writes`` lets replicas serve it.
-FETCH = r"""#!lua flags=no-writes,allow-cross-slot-keys
-local N = tonumber(ARGV[1])
-local fields = {}
-for a = N + 2, #ARGV, 2 do
-  local blob = ARGV[a + 1]
-  local t = {}
-  for j = 0, #blob / 8 - 1 do t[j + 1] = string.sub(blob, j * 8 + 1, j * 8 + 8) end
-  fields[ARGV[a]] = t
+# Free a removed worker's slot (its rows were left by the clear before): KEYS[1] =
+# X..'slot', ARGV[1] = X, ARGV[2] = worker id.
+FREE = r"""
+local s = redis.call('HGET', KEYS[1], ARGV[2])
+if s then
+  redis.call('HDEL', KEYS[1], ARGV[2])
+  redis.call('ZADD', ARGV[1] .. 'free', s, s)
+  redis.call('INCR', ARGV[1] .. 'ver')
 end
-local char = string.char
-local replies = {}
-for w = 1, N do
-  local P = ARGV[w + 1]
-  local meta = P .. 'meta'
-  local state = redis.call('HGET', meta, 'state')
-  if not state then
-    replies[w] = false
-  else
-    local plan = redis.call('HGET', meta, 'plan') or ''
-    local out = {state}
-    local bound = -1
-    for g, bs, full in string.gmatch(plan, '(-?%d+),(%d+),(%d)') do
-      local fs = fields[bs]
-      if fs then
-        local size = tonumber(bs)
-        local n = #fs
-        if full == '0' and bound >= 0 then n = math.min(n, math.floor(bound / size)) end
-        local G = P .. 'g:' .. g
-        local parts = {}
-        local last = 0
-        local start = 0
-        local chunk = 32
-        local stop = false
-        while start < n and not stop do
-          local cnt = math.min(chunk, n - start)
-          local vals = redis.call('HMGET', G, unpack(fs, start + 1, start + cnt))
-          for j = 1, cnt do
-            local m = vals[j]
-            if m then
-              parts[#parts + 1] = char(tonumber(m))
-              last = #parts
-            elseif full == '1' then
-              stop = true
-              break
-            else
-              parts[#parts + 1] = '\0'
-            end
-          end
-          start = start + cnt
-          if chunk < 512 then chunk = chunk * 2 end
-        end
-        local masks = table.concat(parts, '', 1, last)
-        if full == '1' then
-          local reach = #masks * size
-          if bound < 0 or reach < bound then bound = reach end
-        end
-        out[#out + 1] = g
-        out[#out + 1] = masks
-      end
-    end
-    replies[w] = out
-  end
-end
-return replies
+return s
 """

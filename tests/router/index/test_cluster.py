@@ -134,7 +134,7 @@ async def test_two_replicas_on_a_cluster_answer_alike_with_one_call_per_node(
         prompts = await _feed([a, ref], seed=1)  # replica a ingests; b only reads
         workers = [f"w{w}" for w in range(N_WORKERS)]
         holding = [n for n in nodes if n.dbsize()]
-        assert len(holding) >= 2  # the workers' keys are spread over the nodes
+        assert len(holding) >= 2  # the workers' shards are spread over the nodes
         assert sorted(await b.index.known_workers()) == sorted(workers)
         await b.scorer.score_result(prompts[0], workers)  # learns the block sizes
         hits = 0
@@ -142,7 +142,7 @@ async def test_two_replicas_on_a_cluster_answer_alike_with_one_call_per_node(
             before = [_evalsha_calls(n) for n in nodes]
             got_b = await b.scorer.score_result(toks, [*workers, "unknown"])
             after = [_evalsha_calls(n) for n in nodes]
-            # one script call per node holding workers, none elsewhere
+            # one script call per node holding asked-about shards, none elsewhere
             calls = [y - x for x, y in zip(before, after, strict=True)]
             assert sorted(calls, reverse=True)[: len(holding)] == [1] * len(holding)
             assert sum(calls) <= len(nodes)
@@ -151,6 +151,14 @@ async def test_two_replicas_on_a_cluster_answer_alike_with_one_call_per_node(
             assert got_b == got_a == want
             hits += sum(1 for r in want.workers if r.hit_tokens)
         assert hits >= N_WORKERS  # the comparison was about real hits
+        # A third router whose very first command is a score (the client learns the
+        # cluster's slot map on that call).
+        c = Harness.build(make_index("redis", url))
+        try:
+            got_c = await c.scorer.score_result(prompts[0], [*workers, "unknown"])
+            assert got_c == await ref.scorer.score_result(prompts[0], [*workers, "unknown"])
+        finally:
+            await c.index.close()
         stats = await b.index.stats()
         assert stats["workers"] == N_WORKERS and int(stats["entries"]) > 0
         assert int(stats["bytes"]) > sum(int(n.info("memory")["used_memory"]) for n in nodes) / 2

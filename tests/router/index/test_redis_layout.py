@@ -1,0 +1,155 @@
+"""The Redis index's inverted layout (``router.index.redis_lua`` / ``redis_read``): what the
+contract suite cannot see from outside -- slots of removed workers are reused without
+stale rows, the metadata a replica caches follows another replica's changes, a prefix
+every worker holds comes back as one holders string, and shards merge exactly."""
+
+from __future__ import annotations
+
+import random
+
+import redis
+from _kv_streams import EventSource, Harness, new_index, tokens
+
+from router.index.redis import INDEX_PREFIX, SLOT_KEY, STATE_KEY, RedisIndex
+from router.index.redis_codec import shard_of
+from router.index.redis_read import FETCH, fetch_args
+from router.ingest.block_keys import request_keys
+
+BS = 16
+FULL = {"group": 0, "kind": "full_attention"}
+SWA = {"kind": "sliding_window", "window": 48}
+
+
+async def test_a_removed_workers_slot_is_reused_without_its_rows(redis_url: str) -> None:
+    h = Harness.build(new_index("redis", redis_url))
+    client = redis.Redis.from_url(redis_url)
+    src = EventSource()
+    toks = tokens(8 * BS + 1)
+    try:
+        await h.feed("w0", src.store(toks, BS, 0, 8, **FULL))
+        assert (await h.one(toks, "w0")).hit_tokens == 8 * BS
+        slot = client.hget(SLOT_KEY, "w0")
+        await h.index.remove_worker("w0")
+        assert client.hget(SLOT_KEY, "w0") is None
+        # Another worker takes the freed slot and holds only what it stores itself.
+        await h.feed("w1", src.store(toks, BS, 0, 2, **FULL))
+        assert client.hget(SLOT_KEY, "w1") == slot
+        assert (await h.one(toks, "w1")).hit_tokens == 2 * BS
+        # The rows hold w1's blocks only: none is left for the removed worker.
+        rows = client.hvals(INDEX_PREFIX + "x:0")
+        assert len(rows) == 2 and all(len(r) == 3 for r in rows)
+    finally:
+        await h.index.close()
+        client.close()
+
+
+async def test_a_replicas_cached_metadata_follows_another_replica(redis_url: str) -> None:
+    """Replica ``a`` scores (and caches the workers' metadata and slots); replica ``b``
+    removes a worker, creates one under another block size and adds one: ``a`` answers
+    like ``b`` on its next score, not from its cache."""
+    a = Harness.build(new_index("redis", redis_url))
+    b = Harness.build(new_index("redis", redis_url))
+    src = EventSource()
+    toks = tokens(16 * BS + 1)
+    workers = ["w0", "w1", "w2"]
+    try:
+        await b.feed("w0", src.store(toks, BS, 0, 8, **FULL))
+        await b.feed("w1", src.store(toks, BS, 0, 4, **FULL))
+        first = await a.score(toks, workers)
+        assert [r.hit_tokens for r in sorted(first.workers, key=lambda r: r.worker_id)] == [
+            8 * BS,
+            4 * BS,
+            0,
+        ]
+        await b.index.remove_worker("w0")
+        await b.feed("w2", src.store(toks, BS, 0, 6, **FULL))  # may take w0's slot
+        c = Harness.build(new_index("redis", redis_url))  # a third router re-creates w0
+        await c.feed("w0", src.store(toks, 2 * BS, 0, 3, **FULL))  # at another size
+        await c.index.close()
+        for _ in range(2):  # the second score runs on the refreshed cache
+            got = await a.score(toks, workers)
+            assert got == await b.score(toks, workers)
+            hits = {r.worker_id: r.hit_tokens for r in got.workers}
+            assert hits == {"w0": 6 * BS, "w1": 4 * BS, "w2": 6 * BS}
+    finally:
+        await a.index.close()
+        await b.index.close()
+
+
+async def test_a_prefix_every_worker_holds_is_one_holders_string(redis_url: str) -> None:
+    index = new_index("redis", redis_url)
+    h = Harness.build(index)
+    client = redis.Redis.from_url(redis_url)
+    src = EventSource()
+    toks = tokens(32 * BS + 1)
+    workers = [f"w{i}" for i in range(40)]
+    try:
+        for w in workers:
+            await h.feed(w, src.store(toks, BS, 0, 32, **FULL))
+        assert {r.hit_tokens for r in (await h.score(toks, workers)).workers} == {32 * BS}
+        keys = {BS: request_keys(toks, BS, None, None)}
+        args = fetch_args([(INDEX_PREFIX, workers, None)], keys)
+        got = client.eval(FETCH, 1, STATE_KEY, *args)
+        assert int(got[3]) == 1  # one table
+        g, bs, nread, rows = got[4:8]
+        assert (int(g), int(bs), int(nread)) == (0, BS, 32)
+        # The first block's 40 holders, then 31 one-byte "same as before" rows.
+        assert len(rows) == 40 * 3 + 31 * 2
+    finally:
+        await index.close()
+        client.close()
+
+
+async def test_shards_answer_like_the_memory_index(redis_url: str) -> None:
+    """Workers spread over several shards (what a cluster uses; here on one server): a
+    score merges the shards' columns and answers exactly like the in-process index --
+    40 workers take the all-workers path, 8 the per-worker one."""
+    sharded = Harness.build(RedisIndex(redis_url, shards=5))
+    ref = Harness.build(new_index("memory", None))
+    rng = random.Random(5)
+    src = EventSource()
+    prompts = [tokens(12 * BS + 3, seed=j) for j in range(3)]
+    workers = [f"w{i}" for i in range(40)]
+    try:
+        for w in workers:
+            events = []
+            for toks in prompts:
+                if rng.random() < 0.4:
+                    continue
+                stop = rng.randint(1, 12)
+                medium = rng.choice(["GPU", "GPU", "CPU"])
+                events.append(src.store(toks, BS, 0, stop, **FULL))
+                events.append(src.store(toks, BS, 0, stop, group=1, medium=medium, **SWA))
+            for h in (sharded, ref):
+                await h.feed(w, *events)
+        assert len({shard_of(w, 5) for w in workers}) == 5
+        hits = 0
+        for toks in prompts:
+            for ask in ([*workers, "nobody"], workers[:8]):
+                got = await sharded.scorer.score_result(toks, ask)
+                assert got == await ref.scorer.score_result(toks, ask)
+                hits += sum(1 for r in got.workers if r.hit_tokens)
+        assert hits > 40
+    finally:
+        await sharded.index.close()
+        await ref.index.close()
+
+
+async def test_a_worker_without_a_slot_holds_nothing(redis_url: str) -> None:
+    """A worker with metadata but no write yet has no slot: it reads an all-zero column,
+    never the blocks of a worker not asked about whose slot number that column has."""
+    index = new_index("redis", redis_url)
+    h = Harness.build(index)
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    try:
+        await h.feed("w0", src.store(toks, BS, 0, 2, **FULL))  # slot 0
+        await h.feed("w1", src.store(toks, BS, 0, 4, **FULL))  # slot 1
+        state = await index.load_worker("w0")
+        assert state is not None
+        await index.save_worker("idle", state)  # metadata only
+        for ask in (["w0", "idle"], [f"x{i}" for i in range(40)] + ["w0", "idle"]):
+            got = {r.worker_id: r.hit_tokens for r in (await h.score(toks, ask)).workers}
+            assert got["w0"] == 2 * BS and got["idle"] == 0
+    finally:
+        await index.close()
