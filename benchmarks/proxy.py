@@ -193,7 +193,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         procs.append(start([
             sys.executable, "-m", "router.cli", "serve", "--port", str(kv_port),
             "--tokenizer", str(TOKENIZER), "--log-level", "warning",
-            *[a for s in specs for a in ("--worker", s)],
+            *[a for s in specs for a in ("--worker", s)], *args.router_arg,
         ], tmp / "router.log"))  # fmt: skip
         urls = {"direct": engines[0], "kvroute": f"http://127.0.0.1:{kv_port}"}
         binary = vllm_router_binary(args.vllm_router)
@@ -227,6 +227,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         fleet = f"{len(engines)} light engines" if args.light else f"{len(engines)} engines"
         return {"fleet": fleet, "workers": len(engines), "runs": runs, "req_per_s": rps}
     finally:
+        print(f"logs: {tmp}", file=sys.stderr)
         for p in procs:
             p.terminate()
         for p in procs:
@@ -266,6 +267,9 @@ def main() -> int:
         "--vllm-router",
         default=None,
         help="path to a vllm-router binary (default: .venv-peers/vllm-router, if installed)",
+    )
+    p.add_argument(
+        "--router-arg", action="append", default=[], help="extra `kvroute serve` argument"
     )
     p.add_argument("--json", default=None)
     args = p.parse_args()
