@@ -13,7 +13,8 @@ Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
   SSE events;
 * ``POST /fault`` (tests): ``{"completions_status": 503}`` answers completions with that
   status (the blocks are still stored and published: a worker whose cache holds the
-  prompt but whose HTTP fails), ``{"health_status": 500}`` fails ``/health``,
+  prompt but whose HTTP fails), ``{"completions_delay_s": 5}`` answers them that late (a
+  hung engine), ``{"health_status": 500}`` fails ``/health``,
   ``{"close_events": true}`` closes its KV event stream.
 
 No model, no scheduler: the point is a fleet that answers in tens of microseconds, so what
@@ -58,6 +59,7 @@ class LightEngine:
         self.capacity = 4096
         self.completions_status = 200
         self.health_status = 200
+        self.completions_delay_s = 0.0
 
     def complete(self, body: dict) -> bytes:
         prompt = body.get("prompt")
@@ -112,6 +114,7 @@ class LightEngine:
     def fault(self, body: dict) -> bytes:
         self.completions_status = int(body.get("completions_status", self.completions_status))
         self.health_status = int(body.get("health_status", self.health_status))
+        self.completions_delay_s = float(body.get("completions_delay_s", self.completions_delay_s))
         if body.get("close_events"):
             self.publisher.shutdown(0.2)
         return b"{}"
@@ -138,6 +141,8 @@ class LightEngine:
                     body = _decode.decode(raw)
                     out = self.complete(body)
                     status = self.completions_status
+                    if self.completions_delay_s:
+                        await asyncio.sleep(self.completions_delay_s)
                     if status != 200:
                         out = b'{"error": {"code": "fault", "message": "injected"}}'
                     elif body.get("stream") is True:

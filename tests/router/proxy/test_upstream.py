@@ -194,7 +194,7 @@ async def test_get_reuses_the_connection_and_its_own_timeout_bounds_silence() ->
         assert connections == 1
         assert seen[0].startswith(b"GET /health HTTP/1.1\r\n")
         assert b"content-length" not in seen[0].lower()
-        with pytest.raises(UpstreamError, match="no data from upstream for 0.2 s"):
+        with pytest.raises(UpstreamError, match=r"no data from upstream for 0\.2 s"):
             await p.get(f"{base}/silent", timeout=0.2)
     finally:
         p.close()
