@@ -4,7 +4,8 @@
 Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
 ``ZmqEventPublisher``: PUB + replay ROUTER), like a real engine:
 
-* ``GET /health`` 200, ``GET /v1/models`` its model;
+* ``GET /health`` 200, ``GET /v1/models`` its model, ``GET /health_checks`` when each
+  ``/health`` arrived (``time.monotonic()``, one clock for all engines of the process);
 * ``POST /v1/completions`` with a token-id prompt: the prompt's full blocks (16 tokens,
   sha256 chain as vLLM) that this engine has not stored yet are published as one
   ``BlockStored``; the answer is a one-token completion whose
@@ -60,6 +61,7 @@ class LightEngine:
         self.completions_status = 200
         self.health_status = 200
         self.completions_delay_s = 0.0
+        self.health_checks: list[float] = []  # time.monotonic() of each GET /health
 
     def complete(self, body: dict) -> bytes:
         prompt = body.get("prompt")
@@ -132,7 +134,10 @@ class LightEngine:
                 raw = await reader.readexactly(length) if length else b""
                 ctype, status = b"application/json", 200
                 if path == b"/health":
+                    self.health_checks.append(time.monotonic())
                     out, status = b"{}", self.health_status
+                elif path == b"/health_checks":  # tests: when the router checked us
+                    out = _encode.encode(self.health_checks)
                 elif method == b"POST" and path == b"/fault":
                     out = self.fault(_decode.decode(raw))
                 elif path == b"/v1/models":
