@@ -7,7 +7,6 @@ name; precedence is flag > environment > ``--config`` file > default.
 from __future__ import annotations
 
 import argparse
-import gc
 import ipaddress
 import json
 import logging
@@ -258,11 +257,6 @@ def main(argv: list[str] | None = None) -> int:
     from router.http.stream import close_streams_on_exit
 
     close_streams_on_exit(server, app)
-    # What start-up built (modules, app, tokenizers, settings) lives as long as the
-    # process: out of the collector's scans, so a full collection walks only what came
-    # later (was 70-120 ms pauses at 64 workers, in the proxy's p99; docs/proxy.md).
-    gc.collect()
-    gc.freeze()
     server.run()
     return 0
 
