@@ -4,7 +4,8 @@
 Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
 ``ZmqEventPublisher``: PUB + replay ROUTER), like a real engine:
 
-* ``GET /health`` 200, ``GET /v1/models`` its model;
+* ``GET /health`` 200, ``GET /v1/models`` its model, ``GET /health_checks`` when each
+  ``/health`` arrived (``time.monotonic()``, one clock for all engines of the process);
 * ``POST /v1/completions`` with a token-id prompt: the prompt's full blocks (16 tokens,
   sha256 chain as vLLM) that this engine has not stored yet are published as one
   ``BlockStored``; the answer is a one-token completion whose
@@ -13,7 +14,8 @@ Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
   SSE events;
 * ``POST /fault`` (tests): ``{"completions_status": 503}`` answers completions with that
   status (the blocks are still stored and published: a worker whose cache holds the
-  prompt but whose HTTP fails), ``{"health_status": 500}`` fails ``/health``,
+  prompt but whose HTTP fails), ``{"completions_delay_s": 5}`` answers them that late (a
+  hung engine), ``{"health_status": 500}`` fails ``/health``,
   ``{"close_events": true}`` closes its KV event stream.
 
 No model, no scheduler: the point is a fleet that answers in tens of microseconds, so what
@@ -58,6 +60,8 @@ class LightEngine:
         self.capacity = 4096
         self.completions_status = 200
         self.health_status = 200
+        self.completions_delay_s = 0.0
+        self.health_checks: list[float] = []  # time.monotonic() of each GET /health
 
     def complete(self, body: dict) -> bytes:
         prompt = body.get("prompt")
@@ -112,6 +116,7 @@ class LightEngine:
     def fault(self, body: dict) -> bytes:
         self.completions_status = int(body.get("completions_status", self.completions_status))
         self.health_status = int(body.get("health_status", self.health_status))
+        self.completions_delay_s = float(body.get("completions_delay_s", self.completions_delay_s))
         if body.get("close_events"):
             self.publisher.shutdown(0.2)
         return b"{}"
@@ -129,7 +134,10 @@ class LightEngine:
                 raw = await reader.readexactly(length) if length else b""
                 ctype, status = b"application/json", 200
                 if path == b"/health":
+                    self.health_checks.append(time.monotonic())
                     out, status = b"{}", self.health_status
+                elif path == b"/health_checks":  # tests: when the router checked us
+                    out = _encode.encode(self.health_checks)
                 elif method == b"POST" and path == b"/fault":
                     out = self.fault(_decode.decode(raw))
                 elif path == b"/v1/models":
@@ -138,6 +146,8 @@ class LightEngine:
                     body = _decode.decode(raw)
                     out = self.complete(body)
                     status = self.completions_status
+                    if self.completions_delay_s:
+                        await asyncio.sleep(self.completions_delay_s)
                     if status != 200:
                         out = b'{"error": {"code": "fault", "message": "injected"}}'
                     elif body.get("stream") is True:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -193,7 +194,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         procs.append(start([
             sys.executable, "-m", "router.cli", "serve", "--port", str(kv_port),
             "--tokenizer", str(TOKENIZER), "--log-level", "warning",
-            *[a for s in specs for a in ("--worker", s)],
+            *[a for s in specs for a in ("--worker", s)], *args.router_arg,
         ], tmp / "router.log"))  # fmt: skip
         urls = {"direct": engines[0], "kvroute": f"http://127.0.0.1:{kv_port}"}
         binary = vllm_router_binary(args.vllm_router)
@@ -215,9 +216,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=30, limits=limits) as client:
             await latency(client, urls, 20)  # warm-up: connections, caches
             for _ in range(args.runs):
+                load = os.getloadavg()[0]
                 lat = await latency(client, urls, args.requests)
+                lat["load_avg_1m"] = {"start": round(load, 2), "end": round(os.getloadavg()[0], 2)}
                 base = lat["direct"]
-                for row in lat.values():
+                for name in urls:
+                    row = lat[name]
                     row["added_p50_ms"] = round(row["p50_ms"] - base["p50_ms"], 3)
                     row["added_p99_ms"] = round(row["p99_ms"] - base["p99_ms"], 3)
                 runs.append(lat)
@@ -225,8 +229,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, url in urls.items():
             rps[name] = round(await throughput(url, args.concurrency, args.seconds), 1)
         fleet = f"{len(engines)} light engines" if args.light else f"{len(engines)} engines"
-        return {"fleet": fleet, "workers": len(engines), "runs": runs, "req_per_s": rps}
+        extra = {"router_args": args.router_arg} if args.router_arg else {}
+        return {"fleet": fleet, "workers": len(engines), "runs": runs, "req_per_s": rps, **extra}
     finally:
+        print(f"logs: {tmp}", file=sys.stderr)
         for p in procs:
             p.terminate()
         for p in procs:
@@ -239,7 +245,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def summary(result: dict[str, Any]) -> str:
     """Ranges over the runs, as docs/proxy.md prints them."""
     lines = [f"{result['fleet']}: min-max over {len(result['runs'])} runs"]
-    for name in result["runs"][0]:
+    for name in result["req_per_s"]:
 
         def rng(key: str, name: str = name) -> str:
             vals = [r[name][key] for r in result["runs"]]
@@ -250,6 +256,8 @@ def summary(result: dict[str, Any]) -> str:
             f"{rng('added_p50_ms')}  added p99 {rng('added_p99_ms')}  TTFC {rng('ttfc_p50_ms')}"
             f"  req/s {result['req_per_s'][name]}"
         )
+    loads = [r["load_avg_1m"]["start"] for r in result["runs"]]
+    lines.append(f"  load average (1 min) at the runs' start: {min(loads):.1f}-{max(loads):.1f}")
     return "\n".join(lines)
 
 
@@ -266,6 +274,9 @@ def main() -> int:
         "--vllm-router",
         default=None,
         help="path to a vllm-router binary (default: .venv-peers/vllm-router, if installed)",
+    )
+    p.add_argument(
+        "--router-arg", action="append", default=[], help="extra `kvroute serve` argument"
     )
     p.add_argument("--json", default=None)
     args = p.parse_args()

@@ -232,3 +232,72 @@ def test_prometheus_scrapes_the_router_and_loads_the_rules() -> None:
     mounts = SERVICES["prometheus"]["volumes"]
     for rule_file in prom["rule_files"]:
         assert any(m.endswith(f":{rule_file}:ro") for m in mounts), rule_file
+
+
+# The Compose Specification's service keys (what Compose v2 accepts), for a schema-free
+# check: a typo or a v1-only key fails here rather than at `docker compose up`.
+_KEYS = (
+    "annotations attach blkio_config build cap_add cap_drop cgroup cgroup_parent command "
+    "configs container_name cpu_count cpu_percent cpu_period cpu_quota cpu_rt_period "
+    "cpu_rt_runtime cpu_shares cpus cpuset credential_spec depends_on deploy develop "
+    "device_cgroup_rules devices dns dns_opt dns_search domainname entrypoint env_file "
+    "environment expose extends external_links extra_hosts gpus group_add healthcheck "
+    "hostname image init ipc isolation labels links logging mac_address mem_limit "
+    "mem_reservation mem_swappiness memswap_limit network_mode networks oom_kill_disable "
+    "oom_score_adj pid pids_limit platform ports post_start pre_stop privileged profiles "
+    "pull_policy read_only restart runtime scale secrets security_opt shm_size stdin_open "
+    "stop_grace_period stop_signal storage_opt sysctls tmpfs tty ulimits user userns_mode "
+    "uts volumes volumes_from working_dir"
+)
+SERVICE_KEYS = set(_KEYS.split())
+DURATION = re.compile(r"^(\d+(\.\d+)?(us|ms|s|m|h))+$")
+
+
+def test_compose_v2_structure() -> None:
+    """Compose v2 syntax without Docker: no obsolete ``version``, only spec keys, valid
+    durations / restart policies / dependency conditions, build targets that are
+    Dockerfile stages, bind mounts of files that exist, and no service outside a profile
+    depending on one inside it. Not run here: ``docker compose config`` / ``up``."""
+    assert "version" not in COMPOSE  # obsolete in v2 (a warning there, an error in v1 use)
+    for key in COMPOSE:
+        assert key in {"name", "services", "networks", "volumes", "configs", "secrets"} or (
+            key.startswith("x-")
+        ), key
+    stages = set(dockerfile_stages())
+    for name, svc in SERVICES.items():
+        assert set(svc) <= SERVICE_KEYS, (name, set(svc) - SERVICE_KEYS)
+        assert "image" in svc or "build" in svc, name
+        if "build" in svc:
+            assert (ROOT / svc["build"]["context"]).is_dir()
+            assert svc["build"]["target"] in stages, name
+        restart = svc.get("restart", "no")
+        assert restart in {"no", "always", "unless-stopped"} or re.fullmatch(
+            r"on-failure(:\d+)?", restart
+        ), (name, restart)
+        check = svc["healthcheck"]
+        assert set(check) <= {"test", "interval", "timeout", "retries", "start_period"}
+        for key in ("interval", "timeout", "start_period"):
+            if key in check:
+                assert DURATION.match(check[key]), (name, key, check[key])
+        for dep, cond in svc.get("depends_on", {}).items():
+            assert dep in SERVICES, (name, dep)
+            assert cond["condition"] in {
+                "service_started",
+                "service_healthy",
+                "service_completed_successfully",
+            }
+            assert "healthcheck" in SERVICES[dep] or cond["condition"] != "service_healthy"
+            if "profiles" not in svc:
+                assert "profiles" not in SERVICES[dep], (name, dep)
+        for volume in svc.get("volumes", []):
+            source, target, *mode = volume.split(":")
+            assert source.startswith("./") and (ROOT / source).exists(), (name, source)
+            assert target.startswith("/") and mode in ([], ["ro"]), (name, volume)
+        env = svc.get("environment", {})
+        assert isinstance(env, dict) and all(isinstance(v, str) for v in env.values()), name
+
+
+def test_readme_says_how_to_run_it_with_compose_v2() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "docker compose up" in readme and "Compose v2" in readme
+    assert "docker-compose up" not in readme  # the v1 command

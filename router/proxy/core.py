@@ -47,7 +47,7 @@ class _NoScore:
 
 
 def make_client(settings: RouterSettings) -> httpx.AsyncClient:
-    """The one pooled client (HTTP/1.1 keep-alive) every forward and health check uses."""
+    """A pooled httpx client (HTTP/1.1 keep-alive) for the ``/tokenize`` pass-through."""
     timeout = httpx.Timeout(
         settings.proxy_timeout_s,
         connect=settings.proxy_connect_timeout_s,
@@ -66,7 +66,7 @@ class Proxy:
         s = service.settings
         self.service = service
         self.settings = s
-        self.client = make_client(s)  # health checks, /tokenize pass-through
+        self.client = make_client(s)  # the /tokenize pass-through
         self.upstream = UpstreamPool(  # the forwarding hot path (router/proxy/upstream.py)
             connect_timeout=s.proxy_connect_timeout_s,
             read_timeout=s.proxy_timeout_s,
@@ -77,7 +77,7 @@ class Proxy:
         self.counters = ProxyCounters()
         self.health = HealthMonitor(
             service,
-            self.client,
+            self.upstream,
             interval_s=s.health_interval_s,
             timeout_s=s.health_timeout_s,
             failures=s.health_failures,

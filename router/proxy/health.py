@@ -2,8 +2,11 @@
 
 A worker is *live* when its KV event stream is connected (else the router would route
 on a stale or empty view of its cache) and its HTTP endpoint answers ``GET /health``.
-Checks run every ``health_interval_s``; ``health_failures`` failed checks in a row take
-a worker out, one success brings it back. A connect error while forwarding takes it out
+Each worker is checked once every ``health_interval_s``, the checks spread evenly over
+the interval (checking 64 workers at once stalled the event loop for tens of ms every
+interval: that burst was the proxy's p99 at 64 workers, docs/proxy.md); a new worker, or
+one taken out, is checked at once. ``health_failures`` failed checks in a row take a
+worker out, one success brings it back. A connect error while forwarding takes it out
 at once (a dead engine must not get the next request too); the next good check restores
 it. The served models are read once from the engine's ``/v1/models`` when the worker spec
 does not name one.
@@ -12,14 +15,16 @@ does not name one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import httpx
+import msgspec
 
 from router.logging_setup import event_extra
+from router.proxy.upstream import UpstreamError, UpstreamPool
 
 if TYPE_CHECKING:
     from router.service import RouterService
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STREAM_OK = frozenset({"connected", "resyncing"})
+_decode = msgspec.json.Decoder()
 
 
 @dataclass(slots=True)
@@ -51,7 +57,7 @@ class HealthMonitor:
     def __init__(
         self,
         service: RouterService,
-        client: httpx.AsyncClient,
+        upstream: UpstreamPool,
         *,
         interval_s: float,
         timeout_s: float,
@@ -59,7 +65,7 @@ class HealthMonitor:
         require_events: bool = True,
     ) -> None:
         self.service = service
-        self.client = client
+        self.upstream = upstream
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.failures = max(1, failures)
@@ -127,38 +133,76 @@ class HealthMonitor:
         h = self.health(worker_id)
         h.checks += 1
         try:
-            r = await self.client.get(f"{base}/health", timeout=self.timeout_s)
-            ok, reason = r.status_code == 200, f"GET /health answered {r.status_code}"
+            status, _ = await self.upstream.get(f"{base}/health", self.timeout_s)
+            ok, reason = status == 200, f"GET /health answered {status}"
             if ok and h.models is None and sub.spec.model is None:
                 h.models = await self._models(base)
-        except httpx.HTTPError as exc:
-            ok, reason = False, f"GET /health failed: {type(exc).__name__}: {exc}".rstrip(": ")
+        except UpstreamError as exc:
+            ok, reason = False, f"GET /health failed: {exc}"
         if not ok:
             h.failed_checks += 1
         self._set(worker_id, h, ok, reason)
 
     async def _models(self, base: str) -> frozenset[str] | None:
         try:
-            r = await self.client.get(f"{base}/v1/models", timeout=self.timeout_s)
-            data = r.json().get("data") if r.status_code == 200 else None
+            status, body = await self.upstream.get(f"{base}/v1/models", self.timeout_s)
+            data = _decode.decode(body).get("data") if status == 200 else None
             if isinstance(data, list):
                 return frozenset(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m)
-        except (httpx.HTTPError, ValueError, AttributeError):
+        except (UpstreamError, msgspec.DecodeError, AttributeError):
             pass
         return None
 
-    async def check_all(self) -> None:
+    def _prune(self) -> list[str]:
         ids = self.service.worker_ids()
         for gone in set(self.workers) - set(ids):
             del self.workers[gone]
-        await asyncio.gather(*(self.check(w) for w in ids))
+        return ids
+
+    async def check_all(self) -> None:
+        """Every worker now, concurrently (start-up and tests; ``run`` spreads them)."""
+        await asyncio.gather(*(self.check(w) for w in self._prune()))
 
     async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            await self.check_all()
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
-                await asyncio.sleep(min(0.05, self.interval_s))  # coalesce wake-ups
-            except TimeoutError:
-                pass
+        """One check per worker per interval, one every ``interval / workers`` seconds;
+        a wake-up (new worker, forward failure) checks every worker not known healthy
+        at once. A check that hangs does not hold up the others (each is a task; at most
+        one per worker at a time)."""
+        busy: dict[str, asyncio.Task[None]] = {}
+
+        def done(worker_id: str, task: asyncio.Task[None]) -> None:
+            busy.pop(worker_id, None)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("health check of %s failed", worker_id, exc_info=task.exception())
+
+        def launch(worker_id: str) -> None:
+            if worker_id not in busy:
+                task = busy[worker_id] = asyncio.create_task(self.check(worker_id))
+                task.add_done_callback(functools.partial(done, worker_id))
+
+        try:
+            while True:
+                ids = self._prune()
+                if not ids:
+                    await self._pause(self.interval_s)
+                    continue
+                step = self.interval_s / len(ids)
+                for worker_id in ids:
+                    launch(worker_id)
+                    if await self._pause(step):
+                        for w in self.service.worker_ids():
+                            if not self.health(w).http_ok:
+                                launch(w)
+        finally:
+            for task in list(busy.values()):
+                task.cancel()
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep ``seconds``; True (early, after a short coalescing pause) when woken."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except TimeoutError:
+            return False
+        await asyncio.sleep(min(0.05, self.interval_s))  # coalesce wake-ups
+        self._wake.clear()
+        return True

@@ -62,20 +62,31 @@ class ProxyCounters:
         return sum(window) / len(window) if window else None
 
     def summary(self, health: HealthMonitor) -> dict[str, object]:
-        """The dashboard's ``proxy`` section."""
+        """The dashboard's ``proxy`` section: per worker liveness, routing, failover
+        (retried away, upstream errors, failed health checks) and estimate accuracy;
+        fleet-wide the requests by outcome (cancelled by the client, upstream failed...)."""
         workers = {}
         for worker_id in health.service.worker_ids():
             c = self.worker(worker_id)
+            h = health.workers.get(worker_id)
+            why = health.why_not_live(worker_id)
             workers[worker_id] = {
-                "live": health.why_not_live(worker_id) is None,
-                "why_not_live": health.why_not_live(worker_id),
+                "live": why is None,
+                "why_not_live": why,
                 "routed": c.routed,
+                "retried_away": c.retried_away,
+                "upstream_errors": c.upstream_errors,
+                "failed_checks": h.failed_checks if h is not None else 0,
                 "estimated_tokens": c.estimated_tokens,
                 "cached_tokens": c.cached_tokens,
                 "exact_share": self.share(c.recent_exact),
             }
+        outcomes: Counter[str] = Counter()
+        for (_, outcome), n in self.requests.items():
+            outcomes[outcome] += n
         return {
             "requests": sum(self.requests.values()),
+            "outcomes": dict(outcomes),
             "exact_share": self.share(self.recent_exact),
             "workers": workers,
         }

@@ -397,10 +397,15 @@ function renderProxy(s) {
       el("td", { class: "n" }, num(w.routed)),
       el("td", { class: "n" }, num(w.estimated_tokens)),
       el("td", { class: "n" }, num(w.cached_tokens)),
-      el("td", { class: "n" }, share(w.exact_share))),
+      el("td", { class: "n" }, share(w.exact_share)),
+      el("td", { class: "n" }, num(w.retried_away ?? 0)),
+      el("td", { class: "n" }, `${num(w.upstream_errors ?? 0)} / ${num(w.failed_checks ?? 0)}`)),
   );
   if (rows.length) $("proxy").replaceChildren(...rows);
-  $("proxy-hint").textContent = `${num(p.requests)} requests · exact ${share(p.exact_share)}`;
+  const out = p.outcomes || {};
+  const bad = Object.entries(out).filter(([k]) => k !== "ok").map(([k, n]) => `${k} ${num(n)}`);
+  $("proxy-hint").textContent =
+    `${num(p.requests)} requests · exact ${share(p.exact_share)}` + (bad.length ? ` · ${bad.join(" · ")}` : "");
 }
 
 // ---------------------------------------------------------------- wiring

@@ -4,6 +4,7 @@ router's port with the official ``openai`` client, as a user would."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -95,6 +96,17 @@ class RouterProc:
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+    def dashboard(self) -> dict[str, Any]:
+        """The ``proxy`` section of the next dashboard summary (``/v1/stream``)."""
+        with httpx.stream("GET", f"{self.url}/v1/stream", timeout=30) as r:
+            event = ""
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    event = line.partition(":")[2].strip()
+                elif line.startswith("data:") and event == "summary":
+                    return json.loads(line.partition(":")[2])["proxy"]  # type: ignore[no-any-return]
+        raise AssertionError("/v1/stream ended without a summary")
 
 
 def start_router(tmp: Path, specs: Iterable[str], *extra: str) -> RouterProc:

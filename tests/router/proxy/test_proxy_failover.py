@@ -1,5 +1,6 @@
 """Failover through the proxy: an engine killed mid-run, a worker that never connected,
-and a fleet with nobody left - real ``kvroute engine`` and ``kvroute serve`` processes."""
+a fleet with nobody left, an engine killed mid-stream - real ``kvroute engine`` and
+``kvroute serve`` processes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from _fleet import MODEL, poll, shutdown, start_engines, start_router, stop, wait_live
+from _fleet import MODEL, fleet, poll, shutdown, start_engines, start_router, stop, wait_live
 
 from router.netutil import free_ports
 
@@ -71,5 +72,31 @@ def test_killed_engine_fails_over_and_a_never_connected_worker_gets_nothing(
         )
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_live_workers"
         assert "ghost" in r.json()["error"]["message"]
+    finally:
+        shutdown(router)
+
+
+def test_engine_killed_mid_stream_ends_the_stream_with_an_error_not_a_hang(
+    tmp_path: Path,
+) -> None:
+    router = fleet(tmp_path, 1, "--token-delay-ms", "20")
+    try:
+        client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="-", max_retries=0, timeout=30)
+        stream = client.completions.create(
+            model=MODEL, prompt="hali " * 20, max_tokens=3000, stream=True
+        )
+        got = 0
+        with pytest.raises(openai.APIError, match="stream broken"):
+            for _ in stream:
+                got += 1
+                if got == 3:
+                    stop(router.engines[0].proc, kill=True)
+        assert 3 <= got < 3000
+        poll(lambda: sum(w["inflight"] for w in router.workers().values()) == 0, "released")
+        assert 'outcome="upstream_broken"' in router.metrics()
+        poll(
+            lambda: router.dashboard()["outcomes"].get("upstream_broken") == 1,
+            "the dashboard counts the broken stream",
+        )
     finally:
         shutdown(router)

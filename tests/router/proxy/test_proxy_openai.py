@@ -94,6 +94,23 @@ def test_streaming_completion_passes_chunks_through(client: openai.OpenAI) -> No
     stream = client.completions.create(model=MODEL, prompt="mopa " * 20, max_tokens=6, stream=True)
     pieces = [c.choices[0].text for c in stream if c.choices and c.choices[0].text]
     assert len(pieces) == 6
+    # n and include_usage on completions too: both choices, then one usage chunk.
+    stream = client.completions.create(
+        model=MODEL,
+        prompt="mopa " * 20,
+        max_tokens=3,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text = {0: "", 1: ""}
+    usage = None
+    for chunk in stream:
+        for c in chunk.choices:
+            text[c.index] += c.text
+        usage = chunk.usage or usage
+    assert all(len(t.split()) == 3 for t in text.values())
+    assert usage is not None and usage.completion_tokens == 6 and usage.prompt_tokens == 21
 
 
 def test_client_cancel_mid_stream_cancels_the_engine_side(
@@ -116,6 +133,10 @@ def test_client_cancel_mid_stream_cancels_the_engine_side(
         "the router to release the cancelled request",
     )
     assert 'outcome="client_cancelled"' in router.metrics()
+    poll(
+        lambda: router.dashboard()["outcomes"].get("client_cancelled", 0) >= 1,
+        "the dashboard counts the cancel",
+    )
 
 
 def test_unknown_model_is_a_clear_404(client: openai.OpenAI) -> None:

@@ -70,6 +70,14 @@ def test_5xx_before_the_first_byte_is_retried_on_the_next_best_worker(tmp_path: 
         metrics = router.metrics()
         assert 'kvroute_proxy_retries_total{worker="bad"} 1.0' in metrics
         assert 'kvroute_proxy_upstream_errors_total{worker="bad"} 1.0' in metrics
+        poll(  # the same on the dashboard (its summary is recomputed once a period)
+            lambda: (
+                (w := router.dashboard()["workers"])["bad"]["retried_away"] == 1
+                and w["bad"]["upstream_errors"] == 1
+                and w[a.worker_id]["cached_tokens"] == 32
+            ),
+            "the dashboard shows the retry",
+        )
 
         # With every candidate failing: a JSON 502 naming the last failure, no hang.
         stop(a.proc, kill=True)
@@ -80,6 +88,10 @@ def test_5xx_before_the_first_byte_is_retried_on_the_next_best_worker(tmp_path: 
         )
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_failed"
         assert "HTTP 503" in r.json()["error"]["message"]
+        poll(
+            lambda: router.dashboard()["outcomes"].get("upstream_failed") == 1,
+            "the dashboard counts the failed request",
+        )
     finally:
         shutdown(router)
         stop(light.proc)

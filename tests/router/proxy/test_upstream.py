@@ -160,3 +160,42 @@ async def test_connect_error_silence_and_a_cut_body_raise() -> None:
     finally:
         p.close()
         server.close()
+
+
+async def test_get_reuses_the_connection_and_its_own_timeout_bounds_silence() -> None:
+    """Health checks go through ``get``: a bodiless GET on a pooled keep-alive
+    connection, and a server that stays silent fails after the call's timeout, not the
+    pool's (10 s here)."""
+    connections = 0
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                req = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            assert req is not None
+            seen.append(req)
+            if b"/silent" in req:
+                continue  # never answers
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server, url = await serve(handler)
+    base = url.rsplit("/v1/", 1)[0]
+    p = pool(read_timeout=10.0)
+    try:
+        for _ in range(3):
+            assert await p.get(f"{base}/health", timeout=5.0) == (200, b"ok")
+        assert connections == 1
+        assert seen[0].startswith(b"GET /health HTTP/1.1\r\n")
+        assert b"content-length" not in seen[0].lower()
+        with pytest.raises(UpstreamError, match=r"no data from upstream for 0\.2 s"):
+            await p.get(f"{base}/silent", timeout=0.2)
+    finally:
+        p.close()
+        server.close()
