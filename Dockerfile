@@ -9,7 +9,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-COPY pyproject.toml constraints.txt README.md LICENSE ./
+# gcc + libxxhash-dev build the optional compiled core (router/native, setup.py); the
+# install falls back to the pure-Python paths if they are missing.
+RUN apt-get update -qq \
+    && apt-get install -y -qq --no-install-recommends gcc libc6-dev libxxhash-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py constraints.txt README.md LICENSE ./
 COPY schemas ./schemas
 COPY publisher ./publisher
 COPY offload_core ./offload_core

@@ -89,7 +89,14 @@ def test_services_and_image() -> None:
         assert SERVICES[name]["image"] == "kvroute-engine:latest"
     assert SERVICES["redis"]["image"].startswith("redis:")
     # What the Dockerfile copies is what the package needs.
-    for path in ("pyproject.toml", "constraints.txt", "schemas", "publisher", "offload_core"):
+    for path in (
+        "pyproject.toml",
+        "setup.py",  # builds the compiled core (router/native)
+        "constraints.txt",
+        "schemas",
+        "publisher",
+        "offload_core",
+    ):
         assert (ROOT / path).exists()
         assert path in dockerfile
 
