@@ -64,6 +64,11 @@ class PolicyWeights:
     # requests' worth of tokens has been routed (a fresh router, a quiet fleet) a worker
     # that got the only request is not "over its share" by N times.
     share_prior: float = 8.0
+    # ... for the router's first ``share_warmup`` routed requests per worker only,
+    # fading linearly to 0: a cold router must not balance a cache hit away, a warm one
+    # balances at full strength (a prior that never fades kept the live fleet grouped by
+    # system prompt, 1.17-1.33 imbalance; docs/routing.md). 0: the prior never fades.
+    share_warmup: float = 4.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -110,6 +115,8 @@ class RouteInput:
     hot_tokens: int = 0
     # The engines' block size in tokens (hit step): the anchors count in blocks.
     block_tokens: int = 16
+    # Requests the router has routed before this one (the share prior's warm-up).
+    routed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +133,15 @@ def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
         + weights.decode * view.inflight
         + weights.held * view.inflight_tokens
     )
+
+
+def share_prior_tokens(request: RouteInput, workers: int, weights: PolicyWeights) -> float:
+    """The share term's prior in tokens: ``share_prior`` requests' worth, fading over the
+    router's first ``share_warmup`` requests per worker (never, with 0)."""
+    prior = weights.share_prior * request.request_tokens
+    if weights.share_warmup > 0:
+        prior *= max(0.0, 1.0 - request.routed / (weights.share_warmup * max(workers, 1)))
+    return prior
 
 
 def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:

@@ -243,6 +243,7 @@ class RoutingCore:
         self.recent: dict[str, float] = {}
         # Plain counters; the API exports them as Prometheus metrics at scrape time.
         self.routed: Counter[str] = Counter()
+        self.routed_total = 0
         self.finished = 0
 
     def policy(self, name: str | None) -> Policy:
@@ -306,7 +307,7 @@ class RoutingCore:
                     engine=engines.get(s.worker_id, unknown),
                 )
             )
-        request = RouteInput(n, hot, self.config.prefix_block_tokens)
+        request = RouteInput(n, hot, self.config.prefix_block_tokens, self.routed_total)
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
         expected = max(chosen.hit_tokens, chosen.predicted_tokens)
@@ -319,6 +320,7 @@ class RoutingCore:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
         self.routed[chooser.name] += 1
+        self.routed_total += 1
         return Decision(
             request_id=request_id,
             worker_id=chosen.worker_id,
