@@ -134,3 +134,19 @@ def test_the_core_counts_routed_requests_for_the_warm_up() -> None:
     for i in range(3):
         core.route(f"r{i}", list(range(10)), scores, now=0.0)
     assert core.routed_total == 3
+
+
+def test_head_progress_takes_the_prefilled_part_of_the_head_off_the_backlog() -> None:
+    # Backlog leaves at first tokens (prefill_tps 0); the router's speed estimate is the
+    # nominal 16k tokens/s until it has learned one. 0.5 s after dispatch, 8,000 of the
+    # head request's 10,000 uncached tokens are estimated done.
+    def backlog_seen(share: float) -> float:
+        weights = PolicyWeights(head_progress=share)
+        core = RoutingCore(RoutingConfig(weights=weights, prefill_tps=0.0, seed=0))
+        core.route("head", list(range(10_000)), [Score("a")], now=0.0)
+        decision = core.route("next", list(range(100)), [Score("a")], now=0.5)
+        return decision.views[0].prefill_backlog
+
+    assert backlog_seen(0.0) == 10_000.0
+    assert backlog_seen(1.0) == 2_000.0
+    assert backlog_seen(0.5) == 6_000.0
