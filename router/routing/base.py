@@ -64,11 +64,13 @@ class PolicyWeights:
     # requests' worth of tokens has been routed (a fresh router, a quiet fleet) a worker
     # that got the only request is not "over its share" by N times.
     share_prior: float = 8.0
-    # ... for the router's first ``share_warmup`` routed requests per worker only,
-    # fading linearly to 0: a cold router must not balance a cache hit away, a warm one
-    # balances at full strength (a prior that never fades kept the live fleet grouped by
-    # system prompt, 1.17-1.33 imbalance; docs/routing.md). 0: the prior never fades.
+    # ... fading linearly to ``share_prior_warm`` over the router's first
+    # ``share_warmup`` routed requests per worker: a cold router must not balance a cache
+    # hit away; a warm one balances harder (8 forever kept the live fleet grouped by
+    # system prompt, 1.17-1.33 imbalance), but not with no prior at all (0 lost 1.1
+    # points of the Mooncake bound, 2 gained 1.0; docs/routing.md). 0: never fades.
     share_warmup: float = 4.0
+    share_prior_warm: float = 2.0
     # Where the backlog leaves at first tokens, the share of the estimated progress of
     # the request now in prefill (learned speed x time since it started) taken off the
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
@@ -141,12 +143,14 @@ def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
 
 
 def share_prior_tokens(request: RouteInput, workers: int, weights: PolicyWeights) -> float:
-    """The share term's prior in tokens: ``share_prior`` requests' worth, fading over the
-    router's first ``share_warmup`` requests per worker (never, with 0)."""
-    prior = weights.share_prior * request.request_tokens
-    if weights.share_warmup > 0:
-        prior *= max(0.0, 1.0 - request.routed / (weights.share_warmup * max(workers, 1)))
-    return prior
+    """The share term's prior in tokens: ``share_prior`` requests' worth, fading to
+    ``share_prior_warm`` over the router's first ``share_warmup`` requests per worker
+    (never, with 0)."""
+    if weights.share_warmup <= 0:
+        return weights.share_prior * request.request_tokens
+    cold = max(0.0, 1.0 - request.routed / (weights.share_warmup * max(workers, 1)))
+    warm = weights.share_prior_warm
+    return (warm + (weights.share_prior - warm) * cold) * request.request_tokens
 
 
 def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:

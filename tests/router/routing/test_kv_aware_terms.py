@@ -109,12 +109,14 @@ def test_a_fresh_router_does_not_balance_away_a_cache_hit() -> None:
 def test_the_share_prior_fades_once_the_router_is_warm() -> None:
     # The same view of the fleet: "a" got 4x the mean of recent tokens and holds half of a
     # 1000-token prompt. A cold router (routed 0) keeps the hit; after share_warmup x N
-    # requests the prior is gone and the fair-share term moves the request, as with
-    # share_prior 0. share_warmup 0 keeps the prior forever (the pre-warm-up behaviour).
+    # requests the prior is down to share_prior_warm (2) and the fair-share term moves
+    # the request, as with share_prior 0. share_warmup 0 keeps the prior forever.
     views = [WorkerView("a", hit_tokens=500, score=500.0, recent_tokens=4000.0)] + [
         WorkerView(w) for w in "bcd"
     ]
-    weights = PolicyWeights(backlog=0.0, held=0.0, share=1.0, share_prior=8.0, share_warmup=4.0)
+    weights = PolicyWeights(
+        backlog=0.0, held=0.0, share=1.0, share_prior=8.0, share_warmup=4.0, share_prior_warm=2.0
+    )
     policy = make_policy("kv_aware")
 
     def chosen(routed: int, w: PolicyWeights) -> str:
