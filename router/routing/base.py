@@ -74,7 +74,7 @@ class PolicyWeights:
     # Where the backlog leaves at first tokens, the share of the estimated progress of
     # the request now in prefill (learned speed x time since it started) taken off the
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
-    # Mooncake +0.7 points of hits at up to 1.3x the TTFT p99 (docs/routing.md).
+    # Mooncake +0.2-0.7 points of hits at up to 1.3x the TTFT p99 (docs/routing.md).
     head_progress: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
