@@ -70,7 +70,7 @@ class PolicyWeights:
     # system prompt, 1.17-1.33 imbalance), but not with no prior at all (0 lost 1.1
     # points of the Mooncake bound, 2 gained 1.0; docs/routing.md). 0: never fades.
     share_warmup: float = 4.0
-    share_prior_warm: float = 2.0
+    share_prior_warm: float = 4.0
     # Where the backlog leaves at first tokens, the share of the estimated progress of
     # the request now in prefill (learned speed x time since it started) taken off the
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
