@@ -68,7 +68,7 @@ class PolicyWeights:
     # ``share_warmup`` routed requests per worker: a cold router must not balance a cache
     # hit away; a warm one balances harder (8 forever kept the live fleet grouped by
     # system prompt, 1.17-1.33 imbalance), but not with no prior at all (0 lost 1.1
-    # points of the Mooncake bound, 2 gained 1.0; docs/routing.md). 0: never fades.
+    # points of the Mooncake bound, 4 gained 1.0; docs/routing.md). 0: never fades.
     share_warmup: float = 4.0
     share_prior_warm: float = 4.0
     # Where the backlog leaves at first tokens, the share of the estimated progress of
