@@ -95,6 +95,7 @@ async def test_another_replicas_clear_voids_this_replicas_resolve_cache(redis_ur
     other cleared the worker (a restart at another hash unit: the same engine hashes
     now name other keys) or removed and re-created it (issue 14, item 5)."""
     from router.index.base import GPU_BIT, GroupMeta, StoreOp, WorkerState
+    from router.index.redis import StaleMappings
 
     a, b = new_index("redis", redis_url), new_index("redis", redis_url)
     groups = {0: GroupMeta("full_attention", BS)}
@@ -104,12 +105,20 @@ async def test_another_replicas_clear_voids_this_replicas_resolve_cache(redis_ur
 
     await b.clear_worker(W)
     await b.apply(W, groups, [StoreOp(0, GPU_BIT, [11, 12], [201, 202])])
-    assert await a.resolve(W, BS, [11, 12]) == [201, 202]
+    # A resolve answered from the cache costs no round trip, so it may be stale...
+    assert await a.resolve(W, BS, [11, 12]) == [101, 102]
+    # ...but a write planned from it is refused atomically and writes nothing.
+    with pytest.raises(StaleMappings):
+        await a.apply(W, groups, [StoreOp(0, GPU_BIT, [13], [103])])
+    assert await a.resolve(W, BS, [11, 12, 13]) == [201, 202, None]
     assert await a.resolve(W, BS, [11, 12]) == [201, 202]  # now cached under the new epoch
+    await a.apply(W, groups, [StoreOp(0, GPU_BIT, [13], [103])])  # current: taken
 
     await b.remove_worker(W)
     await b.save_worker(W, WorkerState(dict(groups)))
     await b.apply(W, groups, [StoreOp(0, GPU_BIT, [11], [301])])
-    assert await a.resolve(W, BS, [11, 12]) == [301, None]
+    with pytest.raises(StaleMappings):
+        await a.apply(W, groups, [StoreOp(0, GPU_BIT, [14], [104])])
+    assert await a.resolve(W, BS, [11, 12, 14]) == [301, None, None]
     await a.close()
     await b.close()
