@@ -125,6 +125,7 @@ class RedisIndex(RedisReads):
         self._sha: dict[str, str] = {}
         self._mappings = MappingCache(cache_entries)
         self._meta = [MetaCache() for _ in range(self.shards)]
+        self._shard_memo = {}
 
     # -- plumbing -----------------------------------------------------------------------
 

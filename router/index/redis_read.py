@@ -284,6 +284,7 @@ class RedisReads(IndexBackend):
     cluster: bool
     shards: int
     _meta: list[MetaCache]
+    _shard_memo: dict[tuple[str, ...], dict[int, list[str]]]
 
     async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
         raise NotImplementedError
@@ -320,15 +321,30 @@ class RedisReads(IndexBackend):
         masks = [_mask_in(r, int(slot)) for r in rows]
         return [1 + int(e or 0) if m & medium_bit else 0 for m, e in zip(masks, extra, strict=True)]
 
+    def _by_shard(self, worker_ids: Sequence[str]) -> dict[int, list[str]]:
+        """The asked-about workers per shard (memoized per request: no per-worker
+        Python on the hot path once a fleet's list has been seen)."""
+        if self.shards == 1:
+            return {0: list(dict.fromkeys(worker_ids))}
+        memo = self._shard_memo
+        key = tuple(worker_ids)
+        got = memo.get(key)
+        if got is None:
+            got = {}
+            for w in dict.fromkeys(worker_ids):
+                got.setdefault(shard_of(w, self.shards), []).append(w)
+            if len(memo) >= 256:
+                memo.clear()
+            memo[key] = got
+        return got
+
     async def _fetch(
         self, worker_ids: Sequence[str], keys_by_size: dict[int, Sequence[BlockKey]]
     ) -> list[tuple[View, Mats]]:
         """One ``FETCH`` per node (one call in all on a single server; calls to several
         nodes run concurrently), each reading the shards of the asked-about workers it
         serves."""
-        by_shard: dict[int, list[str]] = {}
-        for w in dict.fromkeys(worker_ids):
-            by_shard.setdefault(shard_of(w, self.shards), []).append(w)
+        by_shard = self._by_shard(worker_ids)
         calls: dict[str, list[int]] = {}
         if self.cluster:  # the slot map (a no-op once the client has it)
             await self._call(self._r.initialize)
