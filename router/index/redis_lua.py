@@ -52,6 +52,7 @@ local GS = P .. 'gs'
 local sub, find, byte, char = string.sub, string.find, string.byte, string.char
 local stored, repeat_, removed, missing = 0, 0, 0, 0
 local code = nil
+local CM = {}  -- the worker's holder entry per mask: code .. char(mask)
 local function slot_code()
   if code then return code end
   local s = redis.call('HGET', X .. 'slot', W)
@@ -63,6 +64,7 @@ local function slot_code()
   end
   s = tonumber(s)
   code = char(8 + math.floor(s / 248), 8 + s % 248)
+  for m = 1, 7 do CM[m] = code .. char(m) end
   return code
 end
 local function split(blob, w, n)
@@ -81,9 +83,9 @@ end
 local function with_mask(v, p, m)
   if p then
     if m == 0 then return sub(v, 1, p - 1) .. sub(v, p + 3) end
-    return sub(v, 1, p + 1) .. char(m) .. sub(v, p + 3)
+    return sub(v, 1, p - 1) .. CM[m] .. sub(v, p + 3)
   end
-  return (v or '') .. code .. char(m)
+  return (v or '') .. CM[m]
 end
 local function write_rows(XG, upd, gone)
   if #upd > 0 then redis.call('HSET', XG, unpack(upd)) end
@@ -208,22 +210,29 @@ while i <= nargs do
       i = i + 1
       local vs = redis.call('HMGET', XG, unpack(ks))
       local cur, order, dup = {}, {}, {}
+      local CMB = CM[b]
       for j = 1, n do
         local k = ks[j]
         local v = cur[k]
         if v == nil then
-          v = vs[j] or ''
+          v = vs[j]
           order[#order + 1] = k
         end
-        local m, p = mask_in(v)
-        if bit.band(m, b) == 0 then
-          if m == 0 then held = held + 1 end
-          v = with_mask(v, p, m + b)
+        if not v then  -- a block nobody holds yet
+          cur[k] = CMB
+          held = held + 1
           changed = changed + 1
         else
-          dup[#dup + 1] = k .. CB
+          local m, p = mask_in(v)
+          if bit.band(m, b) == 0 then
+            if m == 0 then held = held + 1 end
+            cur[k] = with_mask(v, p, m + b)
+            changed = changed + 1
+          else
+            dup[#dup + 1] = k .. CB
+            cur[k] = v
+          end
         end
-        cur[k] = v
       end
       if changed > 0 then
         local upd = {}
