@@ -44,6 +44,7 @@ from router.index.memory import GHOST_ENTRIES
 from router.index.redis_cache import MappingCache
 from router.index.redis_codec import (
     INDEX_PREFIX,
+    Learned,
     State,
     apply_args,
     encode_hash,
@@ -284,7 +285,7 @@ class RedisIndex(RedisReads):
     ) -> list[ApplyResult]:
         # Mappings enter the local cache only once Redis took the write (a failed write
         # must not leave mappings Redis does not hold); dropping entries is always safe.
-        learned: list[tuple[str, int, dict[EngineHash, BlockKey]]] = []
+        learned: list[Learned] = []
         calls = []
         for w, groups, ops in items:
             epoch = self._mappings.epoch(w)  # what the plan's cached mappings assumed
@@ -311,9 +312,9 @@ class RedisIndex(RedisReads):
             self._mappings.check_epoch(worker_id, got[5] or None if len(got) > 5 else None)
             if len(got) > 6:  # refused: planned under an epoch another replica replaced
                 stale.add(worker_id)
-        for worker_id, bs, pairs in learned:
+        for worker_id, bs, hashes, keys in learned:
             if worker_id not in stale:
-                self._mappings.remember(worker_id, bs, pairs)
+                self._mappings.remember_lists(worker_id, bs, hashes, keys)
         if stale:
             # The other workers' writes went through; a retry skips them by their seqs.
             raise StaleMappings(f"workers {sorted(stale)} changed by another router: replan")

@@ -41,6 +41,18 @@ class MappingCache:
         cache.update(pairs)
         self._cached += len(cache) - before
 
+    def remember_lists(
+        self, worker_id: str, bs: int, hashes: Sequence[EngineHash], keys: Sequence[BlockKey]
+    ) -> None:
+        """``remember`` of ``zip(hashes, keys)`` without building the dict first."""
+        if self._cached + len(hashes) > self._limit:
+            self._cache.clear()
+            self._cached = 0
+        cache = self._cache.setdefault((worker_id, bs), {})
+        before = len(cache)
+        cache.update(zip(hashes, keys, strict=True))
+        self._cached += len(cache) - before
+
     def unremember(self, worker_id: str, bs: int, hashes: Sequence[EngineHash]) -> None:
         cache = self._cache.get((worker_id, bs))
         if cache:
