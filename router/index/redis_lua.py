@@ -50,6 +50,7 @@ local W = ARGV[4]
 local REV = KEYS[1]
 local GS = P .. 'gs'
 local sub, find, byte, char = string.sub, string.find, string.byte, string.char
+local band = bit.band
 local stored, repeat_, removed, missing = 0, 0, 0, 0
 local code = nil
 local CM = {}  -- the worker's holder entry per mask: code .. char(mask)
@@ -191,7 +192,7 @@ while i <= nargs do
       if not ks then
         ks = split(ARGV[i], 8, n)
         local known = redis.call('HMGET', E, unpack(hs))
-        local pending, newmap = {}, {}
+        local pending, newmap, nm = {}, {}, 0
         for j = 1, n do
           local h = hs[j]
           if known[j] then
@@ -200,23 +201,25 @@ while i <= nargs do
             ks[j] = pending[h]
           else
             pending[h] = ks[j]
-            newmap[#newmap + 1] = h
-            newmap[#newmap + 1] = ks[j]
+            newmap[nm + 1] = h
+            newmap[nm + 2] = ks[j]
+            nm = nm + 2
           end
         end
-        if #newmap > 0 then redis.call('HSET', E, unpack(newmap)) end
+        if nm > 0 then redis.call('HSET', E, unpack(newmap, 1, nm)) end
         if blob then resolved[blob] = ks end
       end
       i = i + 1
       local vs = redis.call('HMGET', XG, unpack(ks))
-      local cur, order, dup = {}, {}, {}
+      local cur, order, no, dup = {}, {}, 0, {}
       local CMB = CM[b]
       for j = 1, n do
         local k = ks[j]
         local v = cur[k]
         if v == nil then
           v = vs[j]
-          order[#order + 1] = k
+          no = no + 1
+          order[no] = k
         end
         if not v then  -- a block nobody holds yet
           cur[k] = CMB
@@ -224,7 +227,7 @@ while i <= nargs do
           changed = changed + 1
         else
           local m, p = mask_in(v)
-          if bit.band(m, b) == 0 then
+          if band(m, b) == 0 then
             if m == 0 then held = held + 1 end
             cur[k] = with_mask(v, p, m + b)
             changed = changed + 1
@@ -236,8 +239,12 @@ while i <= nargs do
       end
       if changed > 0 then
         local upd = {}
-        for _, k in ipairs(order) do upd[#upd + 1] = k; upd[#upd + 1] = cur[k] end
-        redis.call('HSET', XG, unpack(upd))
+        for q = 1, no do
+          local k = order[q]
+          upd[2 * q - 1] = k
+          upd[2 * q] = cur[k]
+        end
+        redis.call('HSET', XG, unpack(upd, 1, 2 * no))
       end
       if #dup > 0 then
         local C = P .. 'c:' .. g
