@@ -281,6 +281,19 @@ class MemoryIndex(MemoryReads):
                 if g2 != g and m2.block_size == bs
             ]
             bit = op.medium_bit
+            remove = None if copies or isinstance(t, dict) else getattr(t, "remove", None)
+            got = remove and remove(
+                emap, op.hashes, 4 * w.slot, 4 * w.slot + field, b, anyb, siblings
+            )
+            if got is not None:  # router.native.U64Map: the loop below in C (no extra copies)
+                new, fresh, gone = got
+                for h, k in gone:
+                    self._ghost(w, bs, h, k)
+                res.removed += new
+                res.removed_missing += len(op.hashes) - new
+                counts[_BIT_SLOT[op.medium_bit]] -= new
+                w.entries[g] = w.entries.get(g, 0) - fresh
+                continue
             dropped = 0  # copies removed while the block stays
             for h in op.hashes:
                 k = emap.get(h)

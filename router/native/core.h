@@ -69,6 +69,10 @@ void kvr_map_clear_all(MapObject *m);
 PyObject *kvr_map_setdefault(MapObject *m, PyObject *key, PyObject *value);
 int kvr_as_key(PyObject *o, uint64_t *out);
 Slot *kvr_find(MapObject *m, uint64_t k);
+/* The slot for k, inserted with a zero value (*fresh = 1) when absent; NULL on error. */
+Slot *kvr_insert_slot(MapObject *m, uint64_t k, int *fresh);
+/* Deletes a slot's entry (backward shift: other slot pointers are stale after it). */
+void kvr_erase_slot(MapObject *m, Slot *s);
 PyObject *kvr_slot_value(MapObject *m, Slot *s);
 int kvr_extra_nonempty(MapObject *m);
 /* map_scan.c */
@@ -76,6 +80,7 @@ PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kvr_map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* map_store.c */
 PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kvr_map_remove_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* chain.c (only with libxxhash) */
 PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* pack.c */
