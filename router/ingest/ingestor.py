@@ -41,6 +41,7 @@ from router.index.base import (
     WorkerState,
 )
 from router.ingest.counters import IngestCounters
+from router.ingest.fast_path import plan_simple
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
@@ -301,8 +302,28 @@ class Ingestor:
         if ops:  # a new hash unit voided every key
             pend.clear()
             self._recomputes.pop(worker_id, None)
-        await self._resolve(worker_id, state, batch, known)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
+        if not await plan_simple(self, worker_id, state, batch, known, marks, pend, recent, ops):
+            await self._resolve(worker_id, state, batch, known)
+            await self._general(worker_id, state, batch, known, marks, delta, pend, recent, ops)
+        if (state.groups, state.hash_mode, state.hash_unit) != before:
+            await self.index.save_worker(worker_id, state)
+        return dict(state.groups), ops
+
+    async def _general(
+        self,
+        worker_id: str,
+        state: WorkerState,
+        batch: KVEventBatch,
+        known: dict[EngineHash, BlockKey],
+        marks: Sequence[SeqMark],
+        delta: Unwritten | None,
+        pend: PendingPartials,
+        recent: deque[tuple[Any, list[BlockKey]]],
+        ops: list[Op],
+    ) -> None:
+        """Any batch: keys by ``KeyPlanner``, then the operations in event order."""
+        c = self.counters
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
         if state.settings.report_full:
             planner.reannounced = await find_reannouncements(
@@ -350,9 +371,6 @@ class Ingestor:
         pend.place(planner, known)
         ops += pend.ready(known)
         ops += [SeqOp(*m[1:]) for m in reversed(pending)]  # batches with no events
-        if (state.groups, state.hash_mode, state.hash_unit) != before:
-            await self.index.save_worker(worker_id, state)
-        return dict(state.groups), ops
 
     def _store(
         self,
