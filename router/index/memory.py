@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from router import native
 from router.index.base import (
@@ -201,7 +202,7 @@ class MemoryIndex(MemoryReads):
     async def apply(
         self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
     ) -> ApplyResult:
-        w = self._worker(worker_id, WorkerState(dict(groups)))
+        w = self._workers.get(worker_id) or self._worker(worker_id, WorkerState(dict(groups)))
         if w.state.groups != groups:
             state = w.state.copy(groups)
             w.set_state(state, self._layout(state))
@@ -212,7 +213,21 @@ class MemoryIndex(MemoryReads):
         media = own ^ anyb
         res = ApplyResult()
         skip = False
+        # (group, medium bit) -> what the C store loop takes: set by a group's first
+        # StoreOp, so the next ones skip the lookups (a clear empties it)
+        fast: dict[tuple[int, int], tuple[Any, ...]] = {}
         for op in ops:
+            if type(op) is StoreOp and not skip and (hit := fast.get((op.group, op.medium_bit))):
+                store, emap, counts, i, pos, fpos, bits, solo = hit
+                new, fresh, again = store(emap, op.hashes, op.keys, pos, fpos, bits, solo)
+                for k in again:  # another physical copy of a block already held
+                    c = (op.group, op.medium_bit, k)
+                    copies[c] = copies.get(c, 0) + 1
+                res.stored += new
+                res.stored_repeat += len(op.hashes) - new
+                counts[i] += new
+                w.entries[op.group] = w.entries.get(op.group, 0) + fresh
+                continue
             if isinstance(op, SeqOp):
                 last = w.seqs.get(op.rank)
                 skip = last is not None and op.seq <= last[0]
@@ -225,6 +240,7 @@ class MemoryIndex(MemoryReads):
                 continue
             if isinstance(op, ClearOp):
                 self._clear(w)
+                fast.clear()
                 continue
             g = op.group
             bs = groups[g].block_size
@@ -247,6 +263,8 @@ class MemoryIndex(MemoryReads):
                 store = None if isinstance(t, dict) else getattr(t, "store", None)
                 if store is not None:  # router.native.U64Map: the same loop in C
                     pos = 4 * w.slot
+                    i = _BIT_SLOT[bit]
+                    fast[(g, bit)] = (store, emap, counts, i, pos, pos + field, b | anyb, solo)
                     new, fresh, again = store(
                         emap, op.hashes, op.keys, pos, pos + field, b | anyb, solo
                     )
@@ -287,8 +305,8 @@ class MemoryIndex(MemoryReads):
             )
             if got is not None:  # router.native.U64Map: the loop below in C (no extra copies)
                 new, fresh, gone = got
-                for h, k in gone:
-                    self._ghost(w, bs, h, k)
+                if gone:
+                    self._ghosts(w, bs, gone)
                 res.removed += new
                 res.removed_missing += len(op.hashes) - new
                 counts[_BIT_SLOT[op.medium_bit]] -= new
@@ -337,6 +355,20 @@ class MemoryIndex(MemoryReads):
         if len(gens[0]) >= self._ghost_cap:  # a new generation; the oldest goes
             gens[1] = gens[0]
             gens[0] = {}
+
+    def _ghosts(self, w: _Worker, bs: int, gone: list[tuple[EngineHash, BlockKey]]) -> None:
+        """``_ghost`` for each (hash, key) in order, a generation's worth at a time."""
+        gens = w.ghosts.get(bs)
+        if gens is None:
+            gens = w.ghosts[bs] = [{}, {}]
+        cap = self._ghost_cap
+        while gone:
+            room = max(1, cap - len(gens[0]))
+            gens[0].update(gone[:room])
+            gone = gone[room:]
+            if len(gens[0]) >= cap:  # a new generation; the oldest goes
+                gens[1] = gens[0]
+                gens[0] = {}
 
     def _clear(self, w: _Worker) -> None:
         """Drop the worker's bits; its maps name every key it holds (whatever the block

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from router import native
 from router.index.base import (
     MEDIUM_BITS,
     BlockKey,
@@ -130,9 +131,12 @@ async def plan_simple(
         return False
     c = ing.counters
     groups = state.groups
+    chain = native.chain  # the C chain, else None (chain_keys: the same keys)
+    new_op = tuple.__new__  # a NamedTuple without its Python-level __new__
     gpu = MEDIUM_BITS[MEDIUM_GPU]
     learned: dict[tuple[Any, ...], GroupMeta] = {}
     pending = list(reversed(marks))
+    ev: Any
     for i, ev in enumerate(batch.events):
         while pending and pending[-1][0] <= i:
             ops.append(SeqOp(*pending.pop()[1:]))
@@ -149,7 +153,6 @@ async def plan_simple(
             elif gone := pend.take_removed(g, bit, ev.block_hashes):
                 ops.append(RemoveOp(g, bit, gone))
             continue
-        assert isinstance(ev, BlockStored)
         c.events_stored += 1
         # learn_group again with the same inputs and unchanged metadata changes nothing
         key = (g, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
@@ -164,14 +167,18 @@ async def plan_simple(
         else:
             parent = ev.parent_block_hash
             if parent is None:
-                root = root_digest(ev.lora_name, ev.cache_salt)
+                seed = int.from_bytes(root_digest(ev.lora_name, ev.cache_salt), "big")
             else:
-                root = key_bytes(known[parent])
-            keys = chain_keys(root, ev.token_ids, unit, len(hashes))
+                seed = known[parent]
+            tokens = ev.token_ids
+            got = chain(seed, tokens, unit, len(hashes)) if chain is not None else None
+            keys = (
+                got if got is not None else chain_keys(key_bytes(seed), tokens, unit, len(hashes))
+            )
             known.update(zip(hashes, keys, strict=True))
             recent.append((ev.token_ids, keys))
         if unit < meta.block_size:
             c.partial_stores += 1
-        ops.append(StoreOp(g, gpu, list(hashes), keys))
+        ops.append(new_op(StoreOp, (g, gpu, list(hashes), keys)))
     ops += [SeqOp(*m[1:]) for m in reversed(pending)]
     return True
