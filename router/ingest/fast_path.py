@@ -45,10 +45,16 @@ if TYPE_CHECKING:
 ENABLED = True  # tests switch it off to compare with the general path
 
 
-def _parents(batch: KVEventBatch, unit: int) -> list[EngineHash] | None:
-    """The parents the batch's stores name, or None unless every event is a removal or
-    a whole-block GPU store at the hash unit without extra keys."""
+def _scan(
+    batch: KVEventBatch, unit: int, known: dict[EngineHash, BlockKey]
+) -> tuple[list[EngineHash], set[EngineHash]] | None:
+    """None unless every event is a removal or a whole-block GPU store at the hash unit
+    without extra keys, whose blocks are all named (a sibling group's store of the
+    step) or none is, by ``known`` or an earlier store of the batch. Else the parents
+    the stores name (what ``Ingestor._resolve`` looks up for such a batch) and the
+    hashes they store. A parent neither names is left to that lookup."""
     parents: list[EngineHash] = []
+    seen: set[EngineHash] = set()
     for ev in batch.events:
         if type(ev) is BlockRemoved:
             continue
@@ -67,26 +73,33 @@ def _parents(batch: KVEventBatch, unit: int) -> list[EngineHash] | None:
             return None
         if ev.parent_block_hash is not None:
             parents.append(ev.parent_block_hash)
-    return parents
+        if not _named_alike(hashes, known, seen):
+            return None
+        seen.update(hashes)
+    return parents, seen
+
+
+def _named_alike(
+    hashes: list[EngineHash], known: dict[EngineHash, BlockKey], seen: set[EngineHash]
+) -> bool:
+    h0 = hashes[0]
+    if h0 in known or h0 in seen:
+        return seen.issuperset(hashes) or all(h in known or h in seen for h in hashes)
+    return known.keys().isdisjoint(hashes) and seen.isdisjoint(hashes)  # else partly
 
 
 def _chains(batch: KVEventBatch, known: dict[EngineHash, BlockKey]) -> bool:
     """Every store's parent is named (by ``known`` or an earlier store of the batch),
-    and its blocks are all named (a sibling group's store of the step) or none is."""
+    and its blocks are all named or none is (``_scan``'s check, again)."""
     seen: set[EngineHash] = set()
     for ev in batch.events:
         if type(ev) is BlockRemoved:
             continue
-        assert isinstance(ev, BlockStored)
         hashes, parent = ev.block_hashes, ev.parent_block_hash
         if parent is not None and parent not in known and parent not in seen:
             return False
-        h0 = hashes[0]
-        if h0 in known or h0 in seen:
-            if not seen.issuperset(hashes) and not all(h in known or h in seen for h in hashes):
-                return False
-        elif not (known.keys().isdisjoint(hashes) and seen.isdisjoint(hashes)):
-            return False  # partly named: anchoring decides (the general path)
+        if not _named_alike(hashes, known, seen):
+            return False
         seen.update(hashes)
     return True
 
@@ -116,19 +129,24 @@ async def plan_simple(
         or pend
     ):
         return False
-    parents = _parents(batch, unit)
-    if parents is None:
+    scanned = _scan(batch, unit, known)
+    if scanned is None:
         return False
+    parents, stored = scanned
     # Ingestor._resolve for such a batch: the parents, in every map of the worker.
     todo = [h for h in set(parents) if h not in known]
-    for bs in sorted({m.block_size for m in state.groups.values()} | {unit}):
-        if not todo:
-            break
-        found = await ing.index.resolve(worker_id, bs, todo)
-        known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
-        todo = [h for h, k in zip(todo, found, strict=True) if k is None]
-    if not _chains(batch, known):
-        return False
+    if todo:
+        asked = set(todo)
+        for bs in sorted({m.block_size for m in state.groups.values()} | {unit}):
+            if not todo:
+                break
+            found = await ing.index.resolve(worker_id, bs, todo)
+            known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
+            todo = [h for h, k in zip(todo, found, strict=True) if k is None]
+        # The scan stands when every parent was found and none is a block the batch
+        # stores; else check again (a parent an earlier store names, found ones named).
+        if (todo or not stored.isdisjoint(asked)) and not _chains(batch, known):
+            return False
     c = ing.counters
     groups = state.groups
     chain = native.chain  # the C chain, else None (chain_keys: the same keys)
@@ -136,6 +154,8 @@ async def plan_simple(
     gpu = MEDIUM_BITS[MEDIUM_GPU]
     learned: dict[tuple[Any, ...], GroupMeta] = {}
     pending = list(reversed(marks))
+    push = ops.append
+    stores = 0
     ev: Any
     for i, ev in enumerate(batch.events):
         while pending and pending[-1][0] <= i:
@@ -153,7 +173,7 @@ async def plan_simple(
             elif gone := pend.take_removed(g, bit, ev.block_hashes):
                 ops.append(RemoveOp(g, bit, gone))
             continue
-        c.events_stored += 1
+        stores += 1
         # learn_group again with the same inputs and unchanged metadata changes nothing
         key = (g, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
         meta = learned.get(key)
@@ -175,10 +195,11 @@ async def plan_simple(
             keys = (
                 got if got is not None else chain_keys(key_bytes(seed), tokens, unit, len(hashes))
             )
-            known.update(zip(hashes, keys, strict=True))
+            known.update(zip(hashes, keys))  # noqa: B905 (as many by construction)
             recent.append((ev.token_ids, keys))
         if unit < meta.block_size:
             c.partial_stores += 1
-        ops.append(new_op(StoreOp, (g, gpu, list(hashes), keys)))
+        push(new_op(StoreOp, (g, gpu, list(hashes), keys)))
+    c.events_stored += stores
     ops += [SeqOp(*m[1:]) for m in reversed(pending)]
     return True
