@@ -53,6 +53,7 @@ class _Worker:
         "copies",
         "counts",
         "entries",
+        "fast",
         "ghosts",
         "layout",
         "maps",
@@ -78,6 +79,10 @@ class _Worker:
         self.set_state(state, layout)
 
     def set_state(self, state: WorkerState, layout: int) -> None:
+        # (group, medium bit) -> what the C store loop takes (``MemoryIndex.apply``):
+        # set by a group's first StoreOp, so later ones skip the lookups; emptied with
+        # the metadata or the maps it names
+        self.fast: dict[tuple[int, int], tuple[Any, ...]] = {}
         self.layout = layout  # workers with equal metadata share it (one cohort)
         self.state = state.copy()
         # Full-attention groups first: their prefix bounds what the others need to read.
@@ -213,9 +218,7 @@ class MemoryIndex(MemoryReads):
         media = own ^ anyb
         res = ApplyResult()
         skip = False
-        # (group, medium bit) -> what the C store loop takes: set by a group's first
-        # StoreOp, so the next ones skip the lookups (a clear empties it)
-        fast: dict[tuple[int, int], tuple[Any, ...]] = {}
+        fast = w.fast
         for op in ops:
             if type(op) is StoreOp and not skip and (hit := fast.get((op.group, op.medium_bit))):
                 store, emap, counts, i, pos, fpos, bits, solo = hit
@@ -240,7 +243,6 @@ class MemoryIndex(MemoryReads):
                 continue
             if isinstance(op, ClearOp):
                 self._clear(w)
-                fast.clear()
                 continue
             g = op.group
             bs = groups[g].block_size
@@ -388,6 +390,7 @@ class MemoryIndex(MemoryReads):
                     else:
                         del t[k]
         w.maps.clear()
+        w.fast.clear()
         w.ghosts.clear()
         w.counts.clear()
         w.entries.clear()
