@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from router import native
 from router.index.base import (
@@ -35,61 +34,14 @@ from router.index.base import (
     Op,
     SeqOp,
     StoreOp,
-    WorkerSnapshot,
     WorkerState,
 )
 from router.index.memory_read import MemoryReads
+from router.index.memory_worker import GHOST_ENTRIES, add_ghosts
+from router.index.memory_worker import Worker as _Worker
 
 _BIT_SLOT = {1: 0, 2: 1, 4: 2}
-# Mappings of removed blocks kept per (worker, block size), in two generations of at most
-# this many: an engine may chain a new block from a parent that left every tier (a
-# sliding-window block, an evicted prefix), and only the mapping can name that parent.
-GHOST_ENTRIES = 65_536
 _INT_BYTES = sys.getsizeof(2**63)
-
-
-class _Worker:
-    __slots__ = (
-        "copies",
-        "counts",
-        "entries",
-        "fast",
-        "ghosts",
-        "layout",
-        "maps",
-        "plan",
-        "seqs",
-        "slot",
-        "snap",
-        "state",
-    )
-
-    def __init__(self, state: WorkerState, slot: int, layout: int) -> None:
-        self.slot = slot
-        self.maps: dict[int, dict[EngineHash, BlockKey]] = {}
-        # Per block size, mappings of blocks gone from every tier: [newer, older].
-        self.ghosts: dict[int, list[dict[EngineHash, BlockKey]]] = {}
-        self.counts: dict[int, list[int]] = {}  # group -> blocks per medium
-        self.entries: dict[int, int] = {}  # group -> keys held on any medium
-        # (group, medium bit, key) -> copies beyond the first: vLLM keeps duplicates,
-        # and an entry stays hittable until its last copy is removed. Only keys with
-        # more than one copy are here, so the usual single copy costs nothing.
-        self.copies: dict[tuple[int, int, BlockKey], int] = {}
-        self.seqs: dict[int, tuple[int, int]] = {}  # rank -> last applied (seq, print)
-        self.set_state(state, layout)
-
-    def set_state(self, state: WorkerState, layout: int) -> None:
-        # (group, medium bit) -> what the C store loop takes (``MemoryIndex.apply``):
-        # set by a group's first StoreOp, so later ones skip the lookups; emptied with
-        # the metadata or the maps it names
-        self.fast: dict[tuple[int, int], tuple[Any, ...]] = {}
-        self.layout = layout  # workers with equal metadata share it (one cohort)
-        self.state = state.copy()
-        # Full-attention groups first: their prefix bounds what the others need to read.
-        order = sorted(state.groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
-        self.plan = [(g, m.block_size, m.rule == "full") for g, m in order]
-        # Metadata for ``fetch_columns`` (masks stay empty): built once, shared.
-        self.snap = WorkerSnapshot(dict(state.groups), {}, state.hash_unit, state.settings)
 
 
 class MemoryIndex(MemoryReads):
@@ -308,7 +260,7 @@ class MemoryIndex(MemoryReads):
             if got is not None:  # router.native.U64Map: the loop below in C (no extra copies)
                 new, fresh, gone = got
                 if gone:
-                    self._ghosts(w, bs, gone)
+                    add_ghosts(w, bs, gone, self._ghost_cap)
                 res.removed += new
                 res.removed_missing += len(op.hashes) - new
                 counts[_BIT_SLOT[op.medium_bit]] -= new
@@ -342,35 +294,12 @@ class MemoryIndex(MemoryReads):
                     fresh += 1
                     if not any(s.get(k, 0) & own for s in siblings):
                         del emap[h]
-                        self._ghost(w, bs, h, k)
+                        add_ghosts(w, bs, [(h, k)], self._ghost_cap)
             res.removed += new
             res.removed_missing += len(op.hashes) - new
             counts[_BIT_SLOT[op.medium_bit]] -= new - dropped
             w.entries[g] = w.entries.get(g, 0) - fresh
         return res
-
-    def _ghost(self, w: _Worker, bs: int, h: EngineHash, k: BlockKey) -> None:
-        gens = w.ghosts.get(bs)
-        if gens is None:
-            gens = w.ghosts[bs] = [{}, {}]
-        gens[0][h] = k
-        if len(gens[0]) >= self._ghost_cap:  # a new generation; the oldest goes
-            gens[1] = gens[0]
-            gens[0] = {}
-
-    def _ghosts(self, w: _Worker, bs: int, gone: list[tuple[EngineHash, BlockKey]]) -> None:
-        """``_ghost`` for each (hash, key) in order, a generation's worth at a time."""
-        gens = w.ghosts.get(bs)
-        if gens is None:
-            gens = w.ghosts[bs] = [{}, {}]
-        cap = self._ghost_cap
-        while gone:
-            room = max(1, cap - len(gens[0]))
-            gens[0].update(gone[:room])
-            gone = gone[room:]
-            if len(gens[0]) >= cap:  # a new generation; the oldest goes
-                gens[1] = gens[0]
-                gens[0] = {}
 
     def _clear(self, w: _Worker) -> None:
         """Drop the worker's bits; its maps name every key it holds (whatever the block
