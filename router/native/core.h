@@ -79,6 +79,7 @@ int kvr_extra_nonempty(MapObject *m);
 PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kvr_map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* map_store.c */
+int kvr_bit_set(PyObject *v, Py_ssize_t p); /* 1/0, -1 on error */
 PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kvr_map_remove_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* chain.c (only with libxxhash) */
@@ -86,6 +87,7 @@ PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* pack.c */
 int kvr_int_bytes(PyObject *v, unsigned char *buf, Py_ssize_t n);
 PyObject *kvr_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kvr_tiers(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* rows.c */
 PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

@@ -6,7 +6,7 @@
 #include "core.h"
 
 /* Whether bit p of a non-negative int is set (digits read in place when possible). */
-static int bit_set(PyObject *v, Py_ssize_t p) {
+int kvr_bit_set(PyObject *v, Py_ssize_t p) {
     const digit *d;
     Py_ssize_t n;
     if (digits_of(v, &d, &n)) {
@@ -91,10 +91,10 @@ static int fast_block(MapObject *m, MapObject *em, PyObject *ho, PyObject *ko, P
     }
     PyObject *v = s->v.obj;
     Py_INCREF(v);
-    int held = bit_set(v, fpos);
+    int held = kvr_bit_set(v, fpos);
     int any = 0;
     for (Py_ssize_t b = 0; held == 0 && b < 4 && !any; b++)
-        any = bit_set(v, pos + b);
+        any = kvr_bit_set(v, pos + b);
     if (held < 0 || any < 0) {
         Py_DECREF(v);
         return -1;
@@ -177,7 +177,7 @@ PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t n
             }
             PyErr_Clear();
         }
-        int held = v == NULL ? 0 : bit_set(v, fpos);
+        int held = v == NULL ? 0 : kvr_bit_set(v, fpos);
         if (held < 0) {
             Py_XDECREF(v);
             Py_DECREF(k);
@@ -194,7 +194,7 @@ PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t n
         int any = 0;
         if (v != NULL) {
             for (Py_ssize_t b = 0; b < 4 && !any; b++) {
-                any = bit_set(v, pos + b);
+                any = kvr_bit_set(v, pos + b);
                 if (any < 0) {
                     Py_DECREF(v);
                     Py_DECREF(k);
@@ -247,7 +247,7 @@ static int sibling_holds(PyObject *sib, uint64_t k, PyObject *ko, Py_ssize_t pos
         return PyErr_Occurred() ? -1 : 0;
     int any = 0;
     for (Py_ssize_t b = 0; b < 4 && any == 0; b++)
-        any = bit_set(v, pos + b);
+        any = kvr_bit_set(v, pos + b);
     Py_DECREF(v);
     return any;
 }
@@ -305,7 +305,7 @@ PyObject *kvr_map_remove_blocks(MapObject *m, PyObject *const *args, Py_ssize_t 
         if (s == NULL)
             continue;
         PyObject *v = s->v.obj;
-        int held = bit_set(v, fpos);
+        int held = kvr_bit_set(v, fpos);
         if (held <= 0) {
             if (held < 0)
                 goto end;
@@ -317,7 +317,7 @@ PyObject *kvr_map_remove_blocks(MapObject *m, PyObject *const *args, Py_ssize_t 
             goto end;
         int media = 0;
         for (Py_ssize_t b = 1; b < 4 && media == 0; b++)
-            media = bit_set(nv, pos + b);
+            media = kvr_bit_set(nv, pos + b);
         if (media == 0) { /* no medium left: not held at all */
             PyObject *nv2 = PyNumber_Xor(nv, anybit);
             Py_DECREF(nv);
@@ -332,7 +332,7 @@ PyObject *kvr_map_remove_blocks(MapObject *m, PyObject *const *args, Py_ssize_t 
             Py_DECREF(nv);
             goto end;
         }
-        int own = media ? 1 : truth ? bit_set(nv, pos) : 0; /* any of bits pos..pos+3 */
+        int own = media ? 1 : truth ? kvr_bit_set(nv, pos) : 0; /* any of bits pos..pos+3 */
         if (own < 0) {
             Py_DECREF(nv);
             goto end;

@@ -189,14 +189,22 @@ def _tier_counts(
     idx = np.asarray(slots, dtype=np.int64)
     ranges = []
     parts: list[int] = []
+    if native.tiers is not None:  # router/native: counted on the ints, no byte rows
+        for bs, rule, wb in plan.shapes:
+            end = p // bs
+            ranges.append((_start(end, rule, wb), end))
+        count = sum(e - b for b, e in ranges)
+        ng, nc = native.tiers(
+            [vals[g] for g in range(len(ranges))],
+            [b.tolist() for b, _ in ranges],
+            [e.tolist() for _, e in ranges],
+            (4 * idx).tolist(),
+        )
+        n_gpu, n_cpu = np.asarray(ng, dtype=np.int64), np.asarray(nc, dtype=np.int64)
+        return n_gpu, n_cpu, count - n_gpu - n_cpu, count
     for g, (bs, rule, wb) in enumerate(plan.shapes):
         end = p // bs
-        if rule == "full":
-            start = np.zeros(m, dtype=np.int64)
-        elif rule == "sliding":
-            start = np.maximum(end - wb, 0)
-        else:
-            start = np.maximum(end - 1, 0)
+        start = _start(end, rule, wb)
         off = len(parts)
         parts += vals[g][: int(end.max())]
         ranges.append((start + off, end + off))
@@ -217,6 +225,16 @@ def _tier_counts(
     got = sum(cs[np.tile(e, 2), cols] - cs[np.tile(b, 2), cols] for b, e in ranges)
     n_gpu, n_cpu = got[:m].astype(np.int64), got[m:].astype(np.int64)
     return n_gpu, n_cpu, count - n_gpu - n_cpu, count
+
+
+def _start(end: np.ndarray, rule: str, wb: int) -> np.ndarray:
+    """Where each slot's needed blocks of a group start (its hit's blocks end at ``end``):
+    every block for full attention, the window for sliding, the last block for mamba."""
+    if rule == "full":
+        return np.zeros(len(end), dtype=np.int64)
+    if rule == "sliding":
+        return np.maximum(end - wb, 0)
+    return np.maximum(end - 1, 0)
 
 
 def cohort_rows(

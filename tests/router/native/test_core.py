@@ -273,3 +273,32 @@ def test_remove_equals_the_python_remove_loop() -> None:
             assert dict(t.items()) == ref_t
             assert dict(emap.items()) == ref_emap
         assert t.remove(emap, [b"bytes"], 0, 1, 2, 1, []) is None
+
+
+def test_tiers_equal_the_python_count() -> None:
+    """``tiers``: per slot, blocks of its ranges on GPU and on CPU only, read from the
+    bitset ints as ``router.score.bits._tier_counts``'s byte rows count them."""
+    rng = random.Random(8)
+    for _ in range(50):
+        nslots, groups = rng.randrange(1, 80), rng.randrange(1, 3)
+        vals = [
+            [rng.getrandbits(4 * nslots) for _ in range(rng.randrange(0, 40))]
+            for _ in range(groups)
+        ]
+        slots = rng.sample(range(nslots), rng.randrange(0, min(nslots, 10) + 1))
+        starts, ends = [], []
+        for v in vals:
+            e = [rng.randrange(0, len(v) + 1) for _ in slots]
+            starts.append([rng.randrange(0, x + 1) for x in e])
+            ends.append(e)
+        want_g, want_c = [0] * len(slots), [0] * len(slots)
+        for v, b, e in zip(vals, starts, ends, strict=True):
+            for j, s in enumerate(slots):
+                for x in v[b[j] : e[j]]:
+                    gpu, cpu = x >> (4 * s + 1) & 1, x >> (4 * s + 2) & 1
+                    want_g[j] += gpu
+                    want_c[j] += cpu and not gpu
+        got = core.tiers(vals, starts, ends, [4 * s for s in slots])
+        assert got == (want_g, want_c)
+    with pytest.raises(IndexError):
+        core.tiers([[1, 2]], [[0]], [[3]], [0])
