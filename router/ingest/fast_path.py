@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from router import native
 from router.index.base import (
@@ -29,6 +29,7 @@ from router.index.base import (
     BlockKey,
     EngineHash,
     GroupMeta,
+    IndexBackend,
     Op,
     RemoveOp,
     SeqOp,
@@ -36,11 +37,23 @@ from router.index.base import (
     WorkerState,
 )
 from router.ingest.block_keys import chain_keys, key_bytes, root_digest
+from router.ingest.counters import IngestCounters
 from router.ingest.partials import PendingPartials
 from schemas import MEDIUM_GPU, BlockRemoved, BlockStored, KVEventBatch, normalise_medium
 
-if TYPE_CHECKING:
-    from router.ingest.ingestor import Ingestor
+
+class Host(Protocol):
+    """What the fast path uses of ``router.ingest.ingestor.Ingestor`` (no import cycle)."""
+
+    counters: IngestCounters
+    index: IndexBackend
+
+    def _group(self, group_idx: object) -> int | None: ...
+
+    def _bad(self, why: str) -> None: ...
+
+    def _learn(self, state: WorkerState, g: int, ev: BlockStored) -> GroupMeta | None: ...
+
 
 ENABLED = True  # tests switch it off to compare with the general path
 
@@ -105,7 +118,7 @@ def _chains(batch: KVEventBatch, known: dict[EngineHash, BlockKey]) -> bool:
 
 
 async def plan_simple(
-    ing: Ingestor,
+    ing: Host,
     worker_id: str,
     state: WorkerState,
     batch: KVEventBatch,
