@@ -318,13 +318,17 @@ def cohort_rows(
     wg = weight[GPU_BIT]
     shapes = plan.shapes
 
+    w_h, w_hg = where[0], where[1]
+    # per group: (index, kind, block size, where its own hit and GPU hit are in a key)
+    fixed = [
+        (g, m.kind, m.block_size, where[2 + g], where[2 + g_n + g]) for g, m in enumerate(metas)
+    ]
+
     def make(key: tuple[int, ...]) -> _Proto:
         """(hit, hit_gpu, score or None when offloaded blocks weigh in, group rows) of
         one class of slots (``key``: its labels)."""
-        h, hg = key[where[0]], key[where[1]]
-        og = [key[where[2 + g]] for g in range(g_n)]
-        ogg = [key[where[2 + g_n + g]] for g in range(g_n)]
-        rows = [GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)]
+        h, hg = key[w_h], key[w_hg]
+        rows = [GroupRow(g, kind, bs, True, key[a], key[b]) for g, kind, bs, a, b in fixed]
         score: float | None = 0.0
         if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
             score = None
