@@ -75,8 +75,10 @@ def sweep(classes: Classes, cand: list[int], step: int) -> Classes:
     """{largest candidate ``<= cap`` that ``cand`` accepts: slots} for {cap: slots};
     ``cand[c]``: the slots accepting candidate ``c * step``. The search for the next
     accepted candidate of the pending slots is one C-level ``compress`` per class."""
-    out: Classes = {}
     order = sorted(((cap // step, bits) for cap, bits in classes.items()), reverse=True)
+    if native.sweep is not None:  # router/native: the same loop, candidates tested in C
+        return native.sweep(order, cand, step)
+    out: Classes = {}
     pending = 0
     i, n = 0, len(order)
     last = len(cand) - 1

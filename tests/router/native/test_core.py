@@ -302,3 +302,25 @@ def test_tiers_equal_the_python_count() -> None:
         assert got == (want_g, want_c)
     with pytest.raises(IndexError):
         core.tiers([[1, 2]], [[0]], [[3]], [0])
+
+
+def test_sweep_equals_the_python_sweep(python_core: None) -> None:
+    """``sweep``: ``router.score.bits.sweep``'s candidate search per class of slots,
+    insertion order of the answer included (big bitsets, ALL at candidate 0)."""
+    from router.score.bits import ALL, sweep
+
+    rng = random.Random(9)
+    for _ in range(200):
+        width, step = 4 * rng.randrange(1, 300), rng.choice([16, 32])
+        cand = [ALL] + [
+            rng.getrandbits(width) & rng.getrandbits(width) for _ in range(rng.randrange(0, 60))
+        ]
+        slots = rng.sample(range(width), rng.randrange(0, min(width, 40)))
+        classes: dict[int, int] = {}
+        for s in slots:
+            cap = step * rng.randrange(0, len(cand) + 3)
+            classes[cap] = classes.get(cap, 0) | 1 << s
+        order = sorted(((cap // step, bits) for cap, bits in classes.items()), reverse=True)
+        want = sweep(classes, cand, step)
+        got = core.sweep(order, cand, step)
+        assert got == want and list(got) == list(want)
