@@ -326,6 +326,8 @@ def cohort_rows(
         (g, m.kind, m.block_size, where[2 + g], where[2 + g_n + g]) for g, m in enumerate(metas)
     ]
 
+    needed: dict[int, int] = {}  # hit -> the blocks it needs, every group
+
     def make(key: tuple[int, ...]) -> _Proto:
         """(hit, hit_gpu, score or None when offloaded blocks weigh in, group rows) of
         one class of slots (``key``: its labels)."""
@@ -335,10 +337,13 @@ def cohort_rows(
         if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
             score = None
         elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
-            count = 0
-            for bs, rule, wb in shapes:
-                end = h // bs
-                count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
+            count = needed.get(h)
+            if count is None:
+                count = 0
+                for bs, rule, wb in shapes:
+                    end = h // bs
+                    count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
+                needed[h] = count
             total = count * wg + 0 * weight[2] + 0 * weight[4]
             score = round(max(h * total / count if count else float(h), hg * wg), 3)
         return h, hg, score, rows
