@@ -64,7 +64,7 @@ def _scan(
     """None unless every event is a removal or a whole-block GPU store at the hash unit
     without extra keys, whose blocks are all named (a sibling group's store of the
     step) or none is, by ``known`` or an earlier store of the batch. Else the parents
-    the stores name (what ``Ingestor._resolve`` looks up for such a batch) and the
+    the stores name (what ``router.ingest.resolve`` looks up for such a batch) and the
     hashes they store. A parent neither names is left to that lookup."""
     parents: list[EngineHash] = []
     seen: set[EngineHash] = set()
@@ -129,7 +129,7 @@ async def plan_simple(
     ops: list[Op],
 ) -> bool:
     """Append the batch's operations to ``ops`` and return True, or return False with
-    nothing changed but ``known`` (its parents looked up, as ``Ingestor._resolve``
+    nothing changed but ``known`` (its parents looked up, as ``router.ingest.resolve``
     would) when the batch needs the general path."""
     settings = state.settings
     unit = state.hash_unit
@@ -146,7 +146,7 @@ async def plan_simple(
     if scanned is None:
         return False
     parents, stored = scanned
-    # Ingestor._resolve for such a batch: the parents, in every map of the worker.
+    # router.ingest.resolve for such a batch: the parents, in every map of the worker.
     todo = [h for h in set(parents) if h not in known]
     if todo:
         asked = set(todo)

@@ -48,10 +48,10 @@ from router.ingest.learning import learn_group, learn_unit
 from router.ingest.partials import PendingPartials, register
 from router.ingest.reannounce import Unwritten, find_reannouncements
 from router.ingest.recomputes import RecomputeLog
+from router.ingest.resolve import resolve_parents
 from router.logging_setup import event_extra
 from router.ratelimited_log import RateLimitedLog
 from schemas import (
-    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -240,43 +240,6 @@ class Ingestor:
             c.blocks_removed_missing += result.removed_missing
             c.batches_skipped += result.skipped_batches
 
-    async def _resolve(
-        self,
-        worker_id: str,
-        state: WorkerState,
-        batch: KVEventBatch,
-        known: dict[EngineHash, BlockKey],
-    ) -> None:
-        """Look up, in every map of the worker, the engine hashes the batch needs."""
-        wanted: set[EngineHash] = set()
-        sizes = {m.block_size for m in state.groups.values()}
-        partials = state.settings.partial_hash_hits
-        for ev in batch.events:
-            if not isinstance(ev, BlockStored):
-                continue
-            bs = _size(ev.block_size) or self.default_block_size
-            if bs is not None:
-                sizes.add(bs)
-            tokens = ev.token_ids
-            if not tokens or normalise_medium(ev.medium) != MEDIUM_GPU:
-                # Offload-tier stores copy blocks the map usually names already, even
-                # when their parent has gone from every tier since.
-                wanted.update(ev.block_hashes)
-                continue
-            if ev.parent_block_hash is not None:
-                wanted.add(ev.parent_block_hash)
-            if bs is not None and len(ev.block_hashes) * bs != len(tokens):
-                wanted.update(ev.block_hashes)  # a sparse store: anchors for placement
-            elif partials and bs == state.hash_unit:
-                wanted.update(ev.block_hashes)  # a partial entry another group keyed
-        todo = [h for h in wanted if h not in known]
-        for bs in sorted(sizes):
-            if not todo:
-                break
-            found = await self.index.resolve(worker_id, bs, todo)
-            known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
-            todo = [h for h, k in zip(todo, found, strict=True) if k is None]
-
     def _kind(self, state: WorkerState, ev: BlockStored) -> str:
         if ev.kv_cache_spec_kind:
             return ev.kv_cache_spec_kind
@@ -304,7 +267,9 @@ class Ingestor:
             self._recomputes.pop(worker_id, None)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
         if not await plan_simple(self, worker_id, state, batch, known, marks, pend, recent, ops):
-            await self._resolve(worker_id, state, batch, known)
+            await resolve_parents(
+                self.index, worker_id, state, batch, known, self.default_block_size
+            )
             await self._general(worker_id, state, batch, known, marks, delta, pend, recent, ops)
         if (state.groups, state.hash_mode, state.hash_unit) != before:
             await self.index.save_worker(worker_id, state)
