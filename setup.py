@@ -13,7 +13,7 @@ import tempfile
 
 from setuptools import Extension, setup
 
-_SOURCES = ("_core", "map", "map_type", "map_scan", "map_store", "chain", "rows", "pack")
+_SOURCES = ("_core", "map", "map_type", "map_scan", "map_store", "chain", "rows", "pack", "sweep")
 
 
 def _has_xxhash() -> bool:

@@ -34,56 +34,14 @@ from router.index.base import (
     Op,
     SeqOp,
     StoreOp,
-    WorkerSnapshot,
     WorkerState,
 )
 from router.index.memory_read import MemoryReads
+from router.index.memory_worker import GHOST_ENTRIES, add_ghosts
+from router.index.memory_worker import Worker as _Worker
 
 _BIT_SLOT = {1: 0, 2: 1, 4: 2}
-# Mappings of removed blocks kept per (worker, block size), in two generations of at most
-# this many: an engine may chain a new block from a parent that left every tier (a
-# sliding-window block, an evicted prefix), and only the mapping can name that parent.
-GHOST_ENTRIES = 65_536
 _INT_BYTES = sys.getsizeof(2**63)
-
-
-class _Worker:
-    __slots__ = (
-        "copies",
-        "counts",
-        "entries",
-        "ghosts",
-        "layout",
-        "maps",
-        "plan",
-        "seqs",
-        "slot",
-        "snap",
-        "state",
-    )
-
-    def __init__(self, state: WorkerState, slot: int, layout: int) -> None:
-        self.slot = slot
-        self.maps: dict[int, dict[EngineHash, BlockKey]] = {}
-        # Per block size, mappings of blocks gone from every tier: [newer, older].
-        self.ghosts: dict[int, list[dict[EngineHash, BlockKey]]] = {}
-        self.counts: dict[int, list[int]] = {}  # group -> blocks per medium
-        self.entries: dict[int, int] = {}  # group -> keys held on any medium
-        # (group, medium bit, key) -> copies beyond the first: vLLM keeps duplicates,
-        # and an entry stays hittable until its last copy is removed. Only keys with
-        # more than one copy are here, so the usual single copy costs nothing.
-        self.copies: dict[tuple[int, int, BlockKey], int] = {}
-        self.seqs: dict[int, tuple[int, int]] = {}  # rank -> last applied (seq, print)
-        self.set_state(state, layout)
-
-    def set_state(self, state: WorkerState, layout: int) -> None:
-        self.layout = layout  # workers with equal metadata share it (one cohort)
-        self.state = state.copy()
-        # Full-attention groups first: their prefix bounds what the others need to read.
-        order = sorted(state.groups.items(), key=lambda kv: (kv[1].rule != "full", kv[0]))
-        self.plan = [(g, m.block_size, m.rule == "full") for g, m in order]
-        # Metadata for ``fetch_columns`` (masks stay empty): built once, shared.
-        self.snap = WorkerSnapshot(dict(state.groups), {}, state.hash_unit, state.settings)
 
 
 class MemoryIndex(MemoryReads):
@@ -201,7 +159,7 @@ class MemoryIndex(MemoryReads):
     async def apply(
         self, worker_id: str, groups: dict[int, GroupMeta], ops: Sequence[Op]
     ) -> ApplyResult:
-        w = self._worker(worker_id, WorkerState(dict(groups)))
+        w = self._workers.get(worker_id) or self._worker(worker_id, WorkerState(dict(groups)))
         if w.state.groups != groups:
             state = w.state.copy(groups)
             w.set_state(state, self._layout(state))
@@ -212,7 +170,19 @@ class MemoryIndex(MemoryReads):
         media = own ^ anyb
         res = ApplyResult()
         skip = False
+        fast = w.fast
         for op in ops:
+            if type(op) is StoreOp and not skip and (hit := fast.get((op.group, op.medium_bit))):
+                store, emap, counts, i, pos, fpos, bits, solo = hit
+                new, fresh, again = store(emap, op.hashes, op.keys, pos, fpos, bits, solo)
+                for k in again:  # another physical copy of a block already held
+                    c = (op.group, op.medium_bit, k)
+                    copies[c] = copies.get(c, 0) + 1
+                res.stored += new
+                res.stored_repeat += len(op.hashes) - new
+                counts[i] += new
+                w.entries[op.group] = w.entries.get(op.group, 0) + fresh
+                continue
             if isinstance(op, SeqOp):
                 last = w.seqs.get(op.rank)
                 skip = last is not None and op.seq <= last[0]
@@ -247,6 +217,8 @@ class MemoryIndex(MemoryReads):
                 store = None if isinstance(t, dict) else getattr(t, "store", None)
                 if store is not None:  # router.native.U64Map: the same loop in C
                     pos = 4 * w.slot
+                    i = _BIT_SLOT[bit]
+                    fast[(g, bit)] = (store, emap, counts, i, pos, pos + field, b | anyb, solo)
                     new, fresh, again = store(
                         emap, op.hashes, op.keys, pos, pos + field, b | anyb, solo
                     )
@@ -281,6 +253,19 @@ class MemoryIndex(MemoryReads):
                 if g2 != g and m2.block_size == bs
             ]
             bit = op.medium_bit
+            remove = None if copies or isinstance(t, dict) else getattr(t, "remove", None)
+            got = remove and remove(
+                emap, op.hashes, 4 * w.slot, 4 * w.slot + field, b, anyb, siblings
+            )
+            if got is not None:  # router.native.U64Map: the loop below in C (no extra copies)
+                new, fresh, gone = got
+                if gone:
+                    add_ghosts(w, bs, gone, self._ghost_cap)
+                res.removed += new
+                res.removed_missing += len(op.hashes) - new
+                counts[_BIT_SLOT[op.medium_bit]] -= new
+                w.entries[g] = w.entries.get(g, 0) - fresh
+                continue
             dropped = 0  # copies removed while the block stays
             for h in op.hashes:
                 k = emap.get(h)
@@ -309,21 +294,12 @@ class MemoryIndex(MemoryReads):
                     fresh += 1
                     if not any(s.get(k, 0) & own for s in siblings):
                         del emap[h]
-                        self._ghost(w, bs, h, k)
+                        add_ghosts(w, bs, [(h, k)], self._ghost_cap)
             res.removed += new
             res.removed_missing += len(op.hashes) - new
             counts[_BIT_SLOT[op.medium_bit]] -= new - dropped
             w.entries[g] = w.entries.get(g, 0) - fresh
         return res
-
-    def _ghost(self, w: _Worker, bs: int, h: EngineHash, k: BlockKey) -> None:
-        gens = w.ghosts.get(bs)
-        if gens is None:
-            gens = w.ghosts[bs] = [{}, {}]
-        gens[0][h] = k
-        if len(gens[0]) >= self._ghost_cap:  # a new generation; the oldest goes
-            gens[1] = gens[0]
-            gens[0] = {}
 
     def _clear(self, w: _Worker) -> None:
         """Drop the worker's bits; its maps name every key it holds (whatever the block
@@ -343,6 +319,7 @@ class MemoryIndex(MemoryReads):
                     else:
                         del t[k]
         w.maps.clear()
+        w.fast.clear()
         w.ghosts.clear()
         w.counts.clear()
         w.entries.clear()

@@ -41,16 +41,17 @@ from router.index.base import (
     WorkerState,
 )
 from router.ingest.counters import IngestCounters
+from router.ingest.fast_path import plan_simple
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
 from router.ingest.partials import PendingPartials, register
 from router.ingest.reannounce import Unwritten, find_reannouncements
 from router.ingest.recomputes import RecomputeLog
+from router.ingest.resolve import resolve_parents
 from router.logging_setup import event_extra
 from router.ratelimited_log import RateLimitedLog
 from schemas import (
-    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -239,43 +240,6 @@ class Ingestor:
             c.blocks_removed_missing += result.removed_missing
             c.batches_skipped += result.skipped_batches
 
-    async def _resolve(
-        self,
-        worker_id: str,
-        state: WorkerState,
-        batch: KVEventBatch,
-        known: dict[EngineHash, BlockKey],
-    ) -> None:
-        """Look up, in every map of the worker, the engine hashes the batch needs."""
-        wanted: set[EngineHash] = set()
-        sizes = {m.block_size for m in state.groups.values()}
-        partials = state.settings.partial_hash_hits
-        for ev in batch.events:
-            if not isinstance(ev, BlockStored):
-                continue
-            bs = _size(ev.block_size) or self.default_block_size
-            if bs is not None:
-                sizes.add(bs)
-            tokens = ev.token_ids
-            if not tokens or normalise_medium(ev.medium) != MEDIUM_GPU:
-                # Offload-tier stores copy blocks the map usually names already, even
-                # when their parent has gone from every tier since.
-                wanted.update(ev.block_hashes)
-                continue
-            if ev.parent_block_hash is not None:
-                wanted.add(ev.parent_block_hash)
-            if bs is not None and len(ev.block_hashes) * bs != len(tokens):
-                wanted.update(ev.block_hashes)  # a sparse store: anchors for placement
-            elif partials and bs == state.hash_unit:
-                wanted.update(ev.block_hashes)  # a partial entry another group keyed
-        todo = [h for h in wanted if h not in known]
-        for bs in sorted(sizes):
-            if not todo:
-                break
-            found = await self.index.resolve(worker_id, bs, todo)
-            known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
-            todo = [h for h, k in zip(todo, found, strict=True) if k is None]
-
     def _kind(self, state: WorkerState, ev: BlockStored) -> str:
         if ev.kv_cache_spec_kind:
             return ev.kv_cache_spec_kind
@@ -301,8 +265,30 @@ class Ingestor:
         if ops:  # a new hash unit voided every key
             pend.clear()
             self._recomputes.pop(worker_id, None)
-        await self._resolve(worker_id, state, batch, known)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
+        if not await plan_simple(self, worker_id, state, batch, known, marks, pend, recent, ops):
+            await resolve_parents(
+                self.index, worker_id, state, batch, known, self.default_block_size
+            )
+            await self._general(worker_id, state, batch, known, marks, delta, pend, recent, ops)
+        if (state.groups, state.hash_mode, state.hash_unit) != before:
+            await self.index.save_worker(worker_id, state)
+        return dict(state.groups), ops
+
+    async def _general(
+        self,
+        worker_id: str,
+        state: WorkerState,
+        batch: KVEventBatch,
+        known: dict[EngineHash, BlockKey],
+        marks: Sequence[SeqMark],
+        delta: Unwritten | None,
+        pend: PendingPartials,
+        recent: deque[tuple[Any, list[BlockKey]]],
+        ops: list[Op],
+    ) -> None:
+        """Any batch: keys by ``KeyPlanner``, then the operations in event order."""
+        c = self.counters
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
         if state.settings.report_full:
             planner.reannounced = await find_reannouncements(
@@ -350,9 +336,6 @@ class Ingestor:
         pend.place(planner, known)
         ops += pend.ready(known)
         ops += [SeqOp(*m[1:]) for m in reversed(pending)]  # batches with no events
-        if (state.groups, state.hash_mode, state.hash_unit) != before:
-            await self.index.save_worker(worker_id, state)
-        return dict(state.groups), ops
 
     def _store(
         self,

@@ -83,7 +83,10 @@ def learn_unit(
     unit = state.hash_unit or 0
     for ev in batch.events:
         if isinstance(ev, BlockStored):
-            bs = block_size(ev.block_size) or default_block_size
+            bs = ev.block_size
+            if bs == unit and unit and type(bs) is int:
+                continue  # the gcd stays (most stores)
+            bs = block_size(bs) or default_block_size
             if bs is not None:
                 unit = math.gcd(unit, bs)
     if unit == 0 or unit == state.hash_unit:

@@ -34,18 +34,22 @@ U64Map: Any = None
 chain: Callable[[int, Sequence[int], int, int], list[int] | None] | None = None
 rows: Callable[..., tuple[list[Any], list[tuple[int, Any]]]] | None = None
 _pack: Callable[[Sequence[int], int], bytes] | None = None
+tiers: Callable[..., tuple[list[int], list[int]]] | None = None
+sweep: Callable[[list[tuple[int, int]], list[int], int], dict[int, int]] | None = None
 ACTIVE = "python"
 
 
 def set_active(on: bool) -> str:
     """Use the compiled core (when built) or the pure-Python paths from now on; returns
     ``ACTIVE``. Tables already made keep their type (both answer alike)."""
-    global U64Map, chain, rows, _pack, ACTIVE
+    global U64Map, chain, rows, _pack, tiers, sweep, ACTIVE
     core = _core if on else None
     U64Map = getattr(core, "U64Map", None)
     chain = getattr(core, "chain", None)
     rows = getattr(core, "rows", None)
     _pack = getattr(core, "pack", None)
+    tiers = getattr(core, "tiers", None)
+    sweep = getattr(core, "sweep", None)
     ACTIVE = "python" if core is None else "native" if chain is not None else "native-nohash"
     return ACTIVE
 

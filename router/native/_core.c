@@ -11,6 +11,10 @@ static PyMethodDef module_methods[] = {
      "rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered) -> (rows, mixed)"},
     {"pack", (PyCFunction)(void (*)(void))kvr_pack, METH_FASTCALL,
      "pack(ints, width) -> their little-endian bytes, joined"},
+    {"sweep", (PyCFunction)(void (*)(void))kvr_sweep, METH_FASTCALL,
+     "sweep(order, cand, step) -> {candidate tokens: slots}"},
+    {"tiers", (PyCFunction)(void (*)(void))kvr_tiers, METH_FASTCALL,
+     "tiers(vals, starts, ends, positions) -> (on GPU, on CPU only) per slot"},
     {NULL, NULL, 0, NULL},
 };
 

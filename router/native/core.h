@@ -1,7 +1,7 @@
 /* Shared declarations of kvroute's compiled core (router/native/__init__.py: why, and
  * the fallback). One extension module, ``router.native._core``, from these sources:
  * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), chain.c (block keys), rows.c (the
- * scorer's per-worker rows), pack.c (bitset bytes), _core.c (the module). */
+ * scorer's per-worker rows), sweep.c (the rule's candidate sweep), pack.c (bitset bytes), _core.c (the module). */
 #ifndef KVR_CORE_H
 #define KVR_CORE_H
 #define PY_SSIZE_T_CLEAN
@@ -69,18 +69,27 @@ void kvr_map_clear_all(MapObject *m);
 PyObject *kvr_map_setdefault(MapObject *m, PyObject *key, PyObject *value);
 int kvr_as_key(PyObject *o, uint64_t *out);
 Slot *kvr_find(MapObject *m, uint64_t k);
+/* The slot for k, inserted with a zero value (*fresh = 1) when absent; NULL on error. */
+Slot *kvr_insert_slot(MapObject *m, uint64_t k, int *fresh);
+/* Deletes a slot's entry (backward shift: other slot pointers are stale after it). */
+void kvr_erase_slot(MapObject *m, Slot *s);
 PyObject *kvr_slot_value(MapObject *m, Slot *s);
 int kvr_extra_nonempty(MapObject *m);
 /* map_scan.c */
 PyObject *kvr_map_prefix(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kvr_map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* map_store.c */
+int kvr_bit_set(PyObject *v, Py_ssize_t p); /* 1/0, -1 on error */
 PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kvr_map_remove_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* chain.c (only with libxxhash) */
 PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* pack.c */
 int kvr_int_bytes(PyObject *v, unsigned char *buf, Py_ssize_t n);
 PyObject *kvr_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kvr_tiers(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* sweep.c */
+PyObject *kvr_sweep(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* rows.c */
 PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

@@ -116,7 +116,7 @@ static int resize(MapObject *m, Py_ssize_t cap) {
 }
 
 /* The slot for k, inserted empty-valued (*fresh = 1) when absent. */
-static Slot *insert_slot(MapObject *m, uint64_t k, int *fresh) {
+Slot *kvr_insert_slot(MapObject *m, uint64_t k, int *fresh) {
     Slot *s = kvr_find(m, k);
     *fresh = 0;
     if (s != NULL)
@@ -136,7 +136,7 @@ static Slot *insert_slot(MapObject *m, uint64_t k, int *fresh) {
     return s;
 }
 
-static void erase_slot(MapObject *m, Slot *s) {
+void kvr_erase_slot(MapObject *m, Slot *s) {
     Py_ssize_t i = s - m->slots;
     /* dropped last, once the table is consistent again (a finalizer may run) */
     PyObject *gone = m->u64vals ? NULL : s->v.obj;
@@ -220,7 +220,7 @@ int kvr_map_store(MapObject *m, PyObject *key, PyObject *value) {
         if (extra_del(m, key) < 0)
             return -1;
         int fresh;
-        Slot *s = insert_slot(m, k, &fresh);
+        Slot *s = kvr_insert_slot(m, k, &fresh);
         if (s == NULL)
             return -1;
         if (m->u64vals) {
@@ -236,7 +236,7 @@ int kvr_map_store(MapObject *m, PyObject *key, PyObject *value) {
     if (r == 1) { /* a value that does not fit: the side dict holds the entry */
         Slot *s = kvr_find(m, k);
         if (s != NULL)
-            erase_slot(m, s);
+            kvr_erase_slot(m, s);
     }
     return extra_set(m, key, value);
 }
@@ -250,7 +250,7 @@ int kvr_map_remove(MapObject *m, PyObject *key) {
     if (r == 1) {
         Slot *s = kvr_find(m, k);
         if (s != NULL) {
-            erase_slot(m, s);
+            kvr_erase_slot(m, s);
             return 0;
         }
     }

@@ -197,6 +197,8 @@ static PyMethodDef Map_methods[] = {
      "prefix(keys, initial) -> (prefix classes, values, OR of values)"},
     {"store", (PyCFunction)(void (*)(void))kvr_map_store_blocks, METH_FASTCALL,
      "store(emap, hashes, keys, pos, field_pos, bits, solo) -> (new, fresh, repeated)"},
+    {"remove", (PyCFunction)(void (*)(void))kvr_map_remove_blocks, METH_FASTCALL,
+     "remove(emap, hashes, pos, field_pos, b, anyb, siblings) -> (removed, fresh, gone) | None"},
     {"lookup", (PyCFunction)(void (*)(void))kvr_map_lookup_many, METH_FASTCALL,
      "lookup(keys, n, default) -> values of keys[:n]"},
     {NULL, NULL, 0, NULL},

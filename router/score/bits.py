@@ -75,8 +75,10 @@ def sweep(classes: Classes, cand: list[int], step: int) -> Classes:
     """{largest candidate ``<= cap`` that ``cand`` accepts: slots} for {cap: slots};
     ``cand[c]``: the slots accepting candidate ``c * step``. The search for the next
     accepted candidate of the pending slots is one C-level ``compress`` per class."""
-    out: Classes = {}
     order = sorted(((cap // step, bits) for cap, bits in classes.items()), reverse=True)
+    if native.sweep is not None:  # router/native: the same loop, candidates tested in C
+        return native.sweep(order, cand, step)
+    out: Classes = {}
     pending = 0
     i, n = 0, len(order)
     last = len(cand) - 1
@@ -189,14 +191,22 @@ def _tier_counts(
     idx = np.asarray(slots, dtype=np.int64)
     ranges = []
     parts: list[int] = []
+    if native.tiers is not None:  # router/native: counted on the ints, no byte rows
+        for bs, rule, wb in plan.shapes:
+            end = p // bs
+            ranges.append((_start(end, rule, wb), end))
+        count = sum(e - b for b, e in ranges)
+        ng, nc = native.tiers(
+            [vals[g] for g in range(len(ranges))],
+            [b.tolist() for b, _ in ranges],
+            [e.tolist() for _, e in ranges],
+            (4 * idx).tolist(),
+        )
+        n_gpu, n_cpu = np.asarray(ng, dtype=np.int64), np.asarray(nc, dtype=np.int64)
+        return n_gpu, n_cpu, count - n_gpu - n_cpu, count
     for g, (bs, rule, wb) in enumerate(plan.shapes):
         end = p // bs
-        if rule == "full":
-            start = np.zeros(m, dtype=np.int64)
-        elif rule == "sliding":
-            start = np.maximum(end - wb, 0)
-        else:
-            start = np.maximum(end - 1, 0)
+        start = _start(end, rule, wb)
         off = len(parts)
         parts += vals[g][: int(end.max())]
         ranges.append((start + off, end + off))
@@ -217,6 +227,16 @@ def _tier_counts(
     got = sum(cs[np.tile(e, 2), cols] - cs[np.tile(b, 2), cols] for b, e in ranges)
     n_gpu, n_cpu = got[:m].astype(np.int64), got[m:].astype(np.int64)
     return n_gpu, n_cpu, count - n_gpu - n_cpu, count
+
+
+def _start(end: np.ndarray, rule: str, wb: int) -> np.ndarray:
+    """Where each slot's needed blocks of a group start (its hit's blocks end at ``end``):
+    every block for full attention, the window for sliding, the last block for mamba."""
+    if rule == "full":
+        return np.zeros(len(end), dtype=np.int64)
+    if rule == "sliding":
+        return np.maximum(end - wb, 0)
+    return np.maximum(end - 1, 0)
 
 
 def cohort_rows(
@@ -300,21 +320,30 @@ def cohort_rows(
     wg = weight[GPU_BIT]
     shapes = plan.shapes
 
+    w_h, w_hg = where[0], where[1]
+    # per group: (index, kind, block size, where its own hit and GPU hit are in a key)
+    fixed = [
+        (g, m.kind, m.block_size, where[2 + g], where[2 + g_n + g]) for g, m in enumerate(metas)
+    ]
+
+    needed: dict[int, int] = {}  # hit -> the blocks it needs, every group
+
     def make(key: tuple[int, ...]) -> _Proto:
         """(hit, hit_gpu, score or None when offloaded blocks weigh in, group rows) of
         one class of slots (``key``: its labels)."""
-        h, hg = key[where[0]], key[where[1]]
-        og = [key[where[2 + g]] for g in range(g_n)]
-        ogg = [key[where[2 + g_n + g]] for g in range(g_n)]
-        rows = [GroupRow(g, m.kind, m.block_size, True, og[g], ogg[g]) for g, m in enumerate(metas)]
+        h, hg = key[w_h], key[w_hg]
+        rows = [GroupRow(g, kind, bs, True, key[a], key[b]) for g, kind, bs, a, b in fixed]
         score: float | None = 0.0
         if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
             score = None
         elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
-            count = 0
-            for bs, rule, wb in shapes:
-                end = h // bs
-                count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
+            count = needed.get(h)
+            if count is None:
+                count = 0
+                for bs, rule, wb in shapes:
+                    end = h // bs
+                    count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
+                needed[h] = count
             total = count * wg + 0 * weight[2] + 0 * weight[4]
             score = round(max(h * total / count if count else float(h), hg * wg), 3)
         return h, hg, score, rows

@@ -174,8 +174,10 @@ def test_store_equals_the_python_store_loop() -> None:
     """``U64Map.store``: MemoryIndex.apply's StoreOp loop (engine-hash map setdefault,
     bit set, copies of held blocks), on a native and on a dict engine-hash map."""
     rng = random.Random(6)
-    for emap_kind in ("native", "dict"):
-        t, emap = core.U64Map(), core.U64Map(u64_values=True) if emap_kind == "native" else {}
+    # "ints": the uint64 fast path alone; "odd": keys 0 and wider than 64 bits too (the
+    # general path for those blocks, then for the rest of the map's life).
+    for emap_kind in ("native", "dict", "ints", "odd"):
+        t, emap = core.U64Map(), {} if emap_kind == "dict" else core.U64Map(u64_values=True)
         ref_t: dict[int, int] = {}
         ref_emap: dict[object, int] = {}
         for _ in range(400):
@@ -185,10 +187,11 @@ def test_store_equals_the_python_store_loop() -> None:
             own = 0xF * anyb
             solo = (1 | 1 << field) << (4 * slot)
             n = rng.randrange(0, 12)
-            hashes = [
-                rng.choice([rng.randrange(1, 60), b"h%d" % rng.randrange(9)]) for _ in range(n)
-            ]
+            bad = [b"h%d" % rng.randrange(9)] if emap_kind in ("native", "dict") else []
+            hashes = [rng.choice([rng.randrange(1, 60), *bad]) for _ in range(n)]
             keys = [rng.randrange(1, 80) for _ in range(n)]
+            if emap_kind == "odd" and n and rng.random() < 0.05:
+                keys[0] = rng.choice([0, 2**64 + 3])
             got = t.store(emap, hashes, keys, 4 * slot, 4 * slot + field, b | anyb, solo)
             new = fresh = 0
             again = []
@@ -204,3 +207,120 @@ def test_store_equals_the_python_store_loop() -> None:
             assert got == (new, fresh, again)
         assert dict(t.items()) == ref_t
         assert dict(emap.items()) == ref_emap
+
+
+def _remove_ref(t, emap, hashes, pos, field, siblings):  # type: ignore[no-untyped-def]
+    """MemoryIndex.apply's Python RemoveOp loop (no extra copies), on dicts."""
+    anyb, own = 1 << pos, 0xF << pos
+    b, media = anyb << field, own ^ anyb
+    removed = fresh = 0
+    gone = []
+    for h in hashes:
+        k = emap.get(h)
+        v = 0 if k is None else t.get(k, 0)
+        if not v & b:
+            continue
+        removed += 1
+        v ^= b
+        if not v & media:
+            v ^= anyb
+        if v:
+            t[k] = v
+        else:
+            del t[k]
+        if not v & own:
+            fresh += 1
+            if not any(s.get(k, 0) & own for s in siblings):
+                del emap[h]
+                gone.append((h, k))
+    return removed, fresh, gone
+
+
+def test_remove_equals_the_python_remove_loop() -> None:
+    """``U64Map.remove``: MemoryIndex.apply's RemoveOp loop (bits cleared, entries and
+    engine hashes dropped once no medium nor sibling group holds them), and None with
+    nothing changed when a hash or a key is not a plain uint64."""
+    rng = random.Random(7)
+    for trial in range(60):
+        t, emap, sib = core.U64Map(), core.U64Map(u64_values=True), core.U64Map()
+        ref_t: dict[int, int] = {}
+        ref_emap: dict[object, int] = {}
+        ref_sib: dict[int, int] = {}
+        slots = rng.sample(range(40), 3)
+        for h in range(1, 120):
+            k = rng.randrange(1, 90)
+            emap[h] = ref_emap[h] = k
+            for table, ref in ((t, ref_t), (sib, ref_sib)):
+                v = ref.get(k, 0)
+                for s in slots:
+                    if rng.random() < 0.4:
+                        v |= (1 | (1 << rng.randrange(1, 4))) << (4 * s)
+                if v:
+                    table[k] = ref[k] = v
+        if trial % 10 == 9:
+            emap[b"odd"] = ref_emap[b"odd"] = 5  # an entry on the side: not taken
+        for _ in range(30):
+            pos, field = 4 * rng.choice(slots), rng.randrange(1, 4)
+            hashes = [rng.randrange(1, 130) for _ in range(rng.randrange(0, 20))]
+            use_sib = rng.random() < 0.5
+            got = t.remove(emap, hashes, pos, pos + field, 1 << (pos + field), 1 << pos,
+                           [sib] if use_sib else [])  # fmt: skip
+            if trial % 10 == 9:
+                assert got is None and dict(t.items()) == ref_t
+                continue
+            assert got == _remove_ref(ref_t, ref_emap, hashes, pos, field,
+                                      [ref_sib] if use_sib else [])  # fmt: skip
+            assert dict(t.items()) == ref_t
+            assert dict(emap.items()) == ref_emap
+        assert t.remove(emap, [b"bytes"], 0, 1, 2, 1, []) is None
+
+
+def test_tiers_equal_the_python_count() -> None:
+    """``tiers``: per slot, blocks of its ranges on GPU and on CPU only, read from the
+    bitset ints as ``router.score.bits._tier_counts``'s byte rows count them."""
+    rng = random.Random(8)
+    for _ in range(50):
+        nslots, groups = rng.randrange(1, 80), rng.randrange(1, 3)
+        vals = [
+            [rng.getrandbits(4 * nslots) for _ in range(rng.randrange(0, 40))]
+            for _ in range(groups)
+        ]
+        slots = rng.sample(range(nslots), rng.randrange(0, min(nslots, 10) + 1))
+        starts, ends = [], []
+        for v in vals:
+            e = [rng.randrange(0, len(v) + 1) for _ in slots]
+            starts.append([rng.randrange(0, x + 1) for x in e])
+            ends.append(e)
+        want_g, want_c = [0] * len(slots), [0] * len(slots)
+        for v, b, e in zip(vals, starts, ends, strict=True):
+            for j, s in enumerate(slots):
+                for x in v[b[j] : e[j]]:
+                    gpu, cpu = x >> (4 * s + 1) & 1, x >> (4 * s + 2) & 1
+                    want_g[j] += gpu
+                    want_c[j] += cpu and not gpu
+        got = core.tiers(vals, starts, ends, [4 * s for s in slots])
+        assert got == (want_g, want_c)
+    with pytest.raises(IndexError):
+        core.tiers([[1, 2]], [[0]], [[3]], [0])
+
+
+def test_sweep_equals_the_python_sweep(python_core: None) -> None:
+    """``sweep``: ``router.score.bits.sweep``'s candidate search per class of slots,
+    insertion order of the answer included (big bitsets, ALL at candidate 0)."""
+    from router.score.bits import ALL, sweep
+
+    rng = random.Random(9)
+    for _ in range(200):
+        width, step = 4 * rng.randrange(1, 300), rng.choice([16, 32])
+        cand = [ALL] + [
+            rng.getrandbits(width) & rng.getrandbits(width) for _ in range(rng.randrange(0, 60))
+        ]
+        slots = rng.sample(range(width), rng.randrange(0, min(width, 40)))
+        classes: dict[int, int] = {}
+        for s in slots:
+            cap = step * rng.randrange(0, len(cand) + 3)
+            classes[cap] = classes.get(cap, 0) | 1 << s
+        order = sorted(((cap // step, bits) for cap, bits in classes.items()), reverse=True)
+        want = sweep(classes, cand, step)
+        got = core.sweep(order, cand, step)
+        assert got == want and list(got) == list(want)

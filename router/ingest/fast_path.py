@@ -1,0 +1,218 @@
+"""The common batch, keyed without the general planner: dense GPU stores chained from a
+known parent, and removals.
+
+Why: on a busy fleet nearly every batch is a scheduler step's GPU stores (whole blocks
+at the hash unit, the parent stored earlier or by an earlier store of the batch, no
+extra keys) and evictions. For those the general pass (``KeyPlanner``: dense stores,
+sparse placement, the fixed point, located parents, partial entries, re-announced hits,
+engine-hash detection) computes exactly one chain per store from its parent, or names
+every block a sibling group's store of the step named already; the per-event Python
+around that was most of ingest's CPU (docs/benchmarks.md, round 3b).
+
+``plan_simple`` first checks, without changing anything, that every event of the batch
+is of that kind -- given what ``known`` names and what the batch's earlier stores add
+-- and answers None otherwise (the caller runs the general path on the untouched
+state). For a batch it takes it emits the same operations, counters, learned metadata
+and recent token ranges as the general path (``tests/router/ingest/test_fast_path.py``
+runs random streams through both).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from router import native
+from router.index.base import (
+    MEDIUM_BITS,
+    BlockKey,
+    EngineHash,
+    GroupMeta,
+    IndexBackend,
+    Op,
+    RemoveOp,
+    SeqOp,
+    StoreOp,
+    WorkerState,
+)
+from router.ingest.block_keys import chain_keys, key_bytes, root_digest
+from router.ingest.counters import IngestCounters
+from router.ingest.partials import PendingPartials
+from schemas import MEDIUM_GPU, BlockRemoved, BlockStored, KVEventBatch, normalise_medium
+
+
+class Host(Protocol):
+    """What the fast path uses of ``router.ingest.ingestor.Ingestor`` (no import cycle)."""
+
+    counters: IngestCounters
+    index: IndexBackend
+
+    def _group(self, group_idx: object) -> int | None: ...
+
+    def _bad(self, why: str) -> None: ...
+
+    def _learn(self, state: WorkerState, g: int, ev: BlockStored) -> GroupMeta | None: ...
+
+
+ENABLED = True  # tests switch it off to compare with the general path
+
+
+def _scan(
+    batch: KVEventBatch, unit: int, known: dict[EngineHash, BlockKey]
+) -> tuple[list[EngineHash], set[EngineHash]] | None:
+    """None unless every event is a removal or a whole-block GPU store at the hash unit
+    without extra keys, whose blocks are all named (a sibling group's store of the
+    step) or none is, by ``known`` or an earlier store of the batch. Else the parents
+    the stores name (what ``router.ingest.resolve`` looks up for such a batch) and the
+    hashes they store. A parent neither names is left to that lookup."""
+    parents: list[EngineHash] = []
+    seen: set[EngineHash] = set()
+    for ev in batch.events:
+        if type(ev) is BlockRemoved:
+            continue
+        if type(ev) is not BlockStored:
+            return None
+        g, bs, hashes = ev.group_idx, ev.block_size, ev.block_hashes
+        if (
+            (g is not None and (type(g) is not int or g < 0))
+            or type(bs) is not int
+            or bs != unit
+            or not hashes
+            or len(ev.token_ids) != len(hashes) * unit
+            or ev.extra_keys
+            or (ev.medium is not None and normalise_medium(ev.medium) != MEDIUM_GPU)
+        ):
+            return None
+        if ev.parent_block_hash is not None:
+            parents.append(ev.parent_block_hash)
+        if not _named_alike(hashes, known, seen):
+            return None
+        seen.update(hashes)
+    return parents, seen
+
+
+def _named_alike(
+    hashes: list[EngineHash], known: dict[EngineHash, BlockKey], seen: set[EngineHash]
+) -> bool:
+    h0 = hashes[0]
+    if h0 in known or h0 in seen:
+        return seen.issuperset(hashes) or all(h in known or h in seen for h in hashes)
+    return known.keys().isdisjoint(hashes) and seen.isdisjoint(hashes)  # else partly
+
+
+def _chains(batch: KVEventBatch, known: dict[EngineHash, BlockKey]) -> bool:
+    """Every store's parent is named (by ``known`` or an earlier store of the batch),
+    and its blocks are all named or none is (``_scan``'s check, again)."""
+    seen: set[EngineHash] = set()
+    for ev in batch.events:
+        if type(ev) is BlockRemoved:
+            continue
+        hashes, parent = ev.block_hashes, ev.parent_block_hash
+        if parent is not None and parent not in known and parent not in seen:
+            return False
+        if not _named_alike(hashes, known, seen):
+            return False
+        seen.update(hashes)
+    return True
+
+
+async def plan_simple(
+    ing: Host,
+    worker_id: str,
+    state: WorkerState,
+    batch: KVEventBatch,
+    known: dict[EngineHash, BlockKey],
+    marks: Sequence[tuple[int, int, int, int]],
+    pend: PendingPartials,
+    recent: deque[tuple[Any, list[BlockKey]]],
+    ops: list[Op],
+) -> bool:
+    """Append the batch's operations to ``ops`` and return True, or return False with
+    nothing changed but ``known`` (its parents looked up, as ``router.ingest.resolve``
+    would) when the batch needs the general path."""
+    settings = state.settings
+    unit = state.hash_unit
+    if (
+        not ENABLED
+        or not unit
+        or settings.report_full
+        or settings.partial_hash_hits
+        or state.hash_mode == "unknown"
+        or pend
+    ):
+        return False
+    scanned = _scan(batch, unit, known)
+    if scanned is None:
+        return False
+    parents, stored = scanned
+    # router.ingest.resolve for such a batch: the parents, in every map of the worker.
+    todo = [h for h in set(parents) if h not in known]
+    if todo:
+        asked = set(todo)
+        for bs in sorted({m.block_size for m in state.groups.values()} | {unit}):
+            if not todo:
+                break
+            found = await ing.index.resolve(worker_id, bs, todo)
+            known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
+            todo = [h for h, k in zip(todo, found, strict=True) if k is None]
+        # The scan stands when every parent was found and none is a block the batch
+        # stores; else check again (a parent an earlier store names, found ones named).
+        if (todo or not stored.isdisjoint(asked)) and not _chains(batch, known):
+            return False
+    c = ing.counters
+    groups = state.groups
+    chain = native.chain  # the C chain, else None (chain_keys: the same keys)
+    new_op = tuple.__new__  # a NamedTuple without its Python-level __new__
+    gpu = MEDIUM_BITS[MEDIUM_GPU]
+    learned: dict[tuple[Any, ...], GroupMeta] = {}
+    pending = list(reversed(marks))
+    push = ops.append
+    stores = 0
+    ev: Any
+    for i, ev in enumerate(batch.events):
+        while pending and pending[-1][0] <= i:
+            ops.append(SeqOp(*pending.pop()[1:]))
+        g = ev.group_idx if ev.group_idx is not None else 0
+        if type(ev) is BlockRemoved:
+            c.events_removed += 1
+            if ing._group(ev.group_idx) is None:
+                continue
+            bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
+            if bit is None:
+                ing._bad(f"unknown medium {ev.medium!r}")
+            elif g not in groups:
+                c.blocks_removed_missing += len(ev.block_hashes)
+            elif gone := pend.take_removed(g, bit, ev.block_hashes):
+                ops.append(RemoveOp(g, bit, gone))
+            continue
+        stores += 1
+        # learn_group again with the same inputs and unchanged metadata changes nothing
+        key = (g, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+        meta = learned.get(key)
+        if meta is None or groups.get(g) is not meta:
+            meta = ing._learn(state, g, ev)
+            assert meta is not None  # a valid block size (checked)
+            learned[key] = meta
+        hashes = ev.block_hashes
+        if hashes[0] in known:  # every block named (checked): a sibling group's store
+            keys = list(map(known.__getitem__, hashes))
+        else:
+            parent = ev.parent_block_hash
+            if parent is None:
+                seed = int.from_bytes(root_digest(ev.lora_name, ev.cache_salt), "big")
+            else:
+                seed = known[parent]
+            tokens = ev.token_ids
+            got = chain(seed, tokens, unit, len(hashes)) if chain is not None else None
+            keys = (
+                got if got is not None else chain_keys(key_bytes(seed), tokens, unit, len(hashes))
+            )
+            known.update(zip(hashes, keys))  # noqa: B905 (as many by construction)
+            recent.append((ev.token_ids, keys))
+        if unit < meta.block_size:
+            c.partial_stores += 1
+        push(new_op(StoreOp, (g, gpu, list(hashes), keys)))
+    c.events_stored += stores
+    ops += [SeqOp(*m[1:]) for m in reversed(pending)]
+    return True

@@ -1,0 +1,171 @@
+"""The fast path (``router.ingest.fast_path``) against the general planner: random
+streams, mostly the simple kind with every complication mixed in, applied through two
+ingestors -- one with the fast path, one without -- must leave the same index, counters,
+metadata and recent token ranges."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from router import native
+from router.index import make_index
+from router.index.memory import MemoryIndex
+from router.ingest import fast_path
+from router.ingest.ingestor import Ingestor
+from schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+BS = 16
+
+
+@pytest.fixture(params=["native", "python"])
+def core(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = native.ACTIVE != "python"
+    if request.param == "native" and not native.available():
+        pytest.skip("compiled core not built")
+    native.set_active(request.param == "native")
+    yield
+    native.set_active(before)
+
+
+def _stream(seed: int, n_workers: int = 3, n_batches: int = 300) -> list[Any]:
+    """(worker, batch, marks) items: dense chained stores of two groups (the simple
+    kind) and removals, with odd events mixed in (salts, extra keys, sparse and
+    offloaded stores, other block sizes, unknown and partly named parents, clears)."""
+    rng = random.Random(seed)
+    pool = [rng.randrange(1000) for _ in range(4096)]
+    alive: list[list[int]] = [[] for _ in range(n_workers)]
+    seq = [0] * n_workers
+    out: list[Any] = []
+    for _ in range(n_batches):
+        w = rng.randrange(n_workers)
+        events: list[Any] = []
+        for _ in range(rng.randint(1, 4)):
+            roll = rng.random()
+            if roll < 0.2 and alive[w]:
+                gone = rng.sample(alive[w], min(len(alive[w]), rng.randint(1, 6)))
+                gone += [rng.getrandbits(64)] if rng.random() < 0.1 else []
+                for g in (0, 1):
+                    events.append(BlockRemoved(gone, rng.choice(["GPU", "GPU", None, "CPU"]), g))
+                if rng.random() < 0.8:
+                    alive[w] = [h for h in alive[w] if h not in gone]
+                continue
+            if roll < 0.205:
+                events.append(AllBlocksCleared())
+                alive[w] = []
+                continue
+            k = rng.randint(1, 8)
+            parent = rng.choice(alive[w]) if alive[w] and rng.random() < 0.6 else None
+            if rng.random() < 0.05:
+                parent = rng.getrandbits(64)  # never stored
+            hashes = [rng.getrandbits(64) for _ in range(k)]
+            if alive[w] and rng.random() < 0.05:
+                hashes[-1] = rng.choice(alive[w])  # partly named
+            off = rng.randrange(len(pool) - k * BS)
+            toks = pool[off : off + k * BS]
+            kw: dict[str, Any] = {}
+            odd = rng.random() * 2.5  # below 0.16: an odd store
+            bs, medium, lora, extra = BS, "GPU", None, None
+            if odd < 0.04:
+                lora = "adapter"
+            elif odd < 0.08:
+                kw["cache_salt"] = "salt"
+            elif odd < 0.11:
+                extra = [[("mm", rng.randrange(3))]] * k
+            elif odd < 0.14:
+                medium = "CPU"
+            elif odd < 0.16:
+                bs = 2 * BS  # another block size: a new hash unit stays 16
+                toks = toks + toks
+            for g in (0, 1):
+                if g == 1 and rng.random() < 0.1:
+                    continue  # a step whose sliding-window group skipped the store
+                hs = hashes if not (g == 1 and odd > 2.45) else hashes[1:]  # sparse
+                events.append(
+                    BlockStored(
+                        hs,
+                        parent,
+                        toks,
+                        bs,
+                        None,
+                        medium,
+                        lora,
+                        extra,
+                        g,
+                        "full_attention" if g == 0 else "sliding_window",
+                        None if g == 0 else 64,
+                        **kw,
+                    )
+                )
+            alive[w] += hashes
+        marks: list[tuple[int, int, int, int]] = []
+        if rng.random() < 0.5:
+            seq[w] += rng.choice([1, 1, 1, 0])  # sometimes a repeated seq (skipped)
+            marks.append((0, 0, seq[w], rng.getrandbits(32)))
+        out.append((f"w{w}", KVEventBatch(float(len(out)), events), marks))
+    return out
+
+
+def _state(ing: Ingestor) -> dict[str, Any]:
+    index = ing.index
+    assert isinstance(index, MemoryIndex)
+    tables = {g: dict(t.items()) for g, t in index._tables.items()}
+    workers = {
+        wid: (
+            {bs: dict(m.items()) for bs, m in w.maps.items()},
+            {bs: [dict(x) for x in gens] for bs, gens in w.ghosts.items()},
+            w.counts,
+            w.entries,
+            w.copies,
+            w.seqs,
+            w.state,
+            w.slot,
+        )
+        for wid, w in index._workers.items()
+    }
+    recent = {w: [(list(t), list(u)) for t, u in r] for w, r in ing._recent.items()}
+    return {"tables": tables, "workers": workers, "recent": recent, "counters": ing.counters}
+
+
+async def _run(items: list[Any], enabled: bool, drain: int) -> tuple[dict[str, Any], int]:
+    fast_path.ENABLED = enabled
+    taken = 0
+    real = fast_path.plan_simple
+
+    async def counting(*args: Any) -> bool:
+        nonlocal taken
+        got = await real(*args)
+        taken += got
+        return got
+
+    fast_path.plan_simple = counting  # type: ignore[assignment]
+    try:
+        import router.ingest.ingestor as ingestor_mod
+
+        ingestor_mod.plan_simple = counting  # type: ignore[assignment]
+        ing = Ingestor(make_index("memory"))
+        for lo in range(0, len(items), drain):
+            await ing.apply_batches(items[lo : lo + drain])
+    finally:
+        fast_path.ENABLED = True
+        fast_path.plan_simple = real  # type: ignore[assignment]
+        ingestor_mod.plan_simple = real  # type: ignore[assignment]
+    return _state(ing), taken
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_fast_path_equals_the_general_path(core: None, seed: int) -> None:
+    items = _stream(seed)
+    drain = 1 + seed % 3  # batches of several workers in one call share ``known``
+    fast, taken = await _run(items, True, drain)
+    slow, none = await _run(items, False, drain)
+    assert none == 0
+    assert taken > len(items) // 4, taken  # much of the stream is the simple kind
+    assert taken < len(items)  # and some batches need the general path
+    assert fast["counters"] == slow["counters"]
+    assert fast["recent"] == slow["recent"]
+    assert fast["workers"] == slow["workers"]
+    assert fast["tables"] == slow["tables"]
