@@ -5,7 +5,9 @@ the router also reports its garbage-collector pauses (benchmarks/gcstats/).
 
 How docs/proxy.md ("Overhead") found the health-check burst and the full collections:
 ``python benchmarks/proxy_cpu.py [--light 64] [--gc] [--router-arg=--health-interval-s
---router-arg=1000]``. Light engines as in benchmarks/proxy.py; loopback only.
+--router-arg=1000] [--profile OUT.pstats]`` (``--profile``: cProfile of the router's
+event loop over the busy phase only, benchmarks/profiling/). Light engines as in
+benchmarks/proxy.py; loopback only.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import importlib.util
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -54,6 +57,9 @@ async def run(args: argparse.Namespace) -> None:
         env = {**os.environ}
         if args.gc:
             env["PYTHONPATH"] = str(REPO / "benchmarks/gcstats")
+        elif args.profile:
+            env["PYTHONPATH"] = str(REPO / "benchmarks/profiling")
+            env["BENCH_PROFILE_OUT"] = str(Path(args.profile).resolve())
         log = tmp / "router.log"
         with log.open("wb") as out:
             router = bp.subprocess.Popen(
@@ -86,9 +92,16 @@ async def run(args: argparse.Namespace) -> None:
 
             for i in range(200):
                 await one(i)
+            if args.profile:
+                os.kill(router.pid, signal.SIGUSR1)
+                await asyncio.sleep(0.2)
             c0 = cpu_s(router.pid)
             lat = [await one(i) for i in range(args.requests)]
             per = 1e6 * (cpu_s(router.pid) - c0) / args.requests
+            if args.profile:
+                os.kill(router.pid, signal.SIGUSR2)
+                await asyncio.sleep(1.0)
+                print(f"profile of the busy phase (with profiler overhead): {args.profile}")
         print(
             f"busy: router CPU {per:.0f} us per request; latency p50 "
             f"{1000 * bp.pct(lat, 0.5):.2f} p99 {1000 * bp.pct(lat, 0.99):.2f} ms"
@@ -115,6 +128,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--idle-s", type=float, default=10.0)
     p.add_argument("--gc", action="store_true", help="report the router's GC pauses")
+    p.add_argument("--profile", default=None, help="cProfile the busy phase into this file")
     p.add_argument("--router-arg", action="append", default=[], help="extra serve argument")
     asyncio.run(run(p.parse_args()))
     return 0

@@ -242,9 +242,13 @@ def main(argv: list[str] | None = None) -> int:
         settings.index,
         len(settings.workers),
     )
+    from router.http.protocol import protocol_class
+    from router.proxy import outermost
+
     server = uvicorn.Server(
         uvicorn.Config(
-            app,
+            outermost(app),  # the proxy's hot path skips FastAPI's middleware stack
+            http=protocol_class(),  # response head + body in one write (router/http/protocol.py)
             host=settings.host,
             port=settings.port,
             log_config=None,
