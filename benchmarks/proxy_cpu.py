@@ -51,7 +51,6 @@ async def run(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvroute-bench-proxy-cpu-"))
     procs = []
     try:
-        args.workers = 0
         engines, specs = bp.start_fleet(args, tmp, procs)
         (port,) = bp.free_ports(1)
         env = {**os.environ}
@@ -125,12 +124,16 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--light", type=int, default=64, help="light engines (one process)")
+    p.add_argument("--workers", type=int, default=0, help="kvroute engines instead of light")
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--idle-s", type=float, default=10.0)
     p.add_argument("--gc", action="store_true", help="report the router's GC pauses")
     p.add_argument("--profile", default=None, help="cProfile the busy phase into this file")
     p.add_argument("--router-arg", action="append", default=[], help="extra serve argument")
-    asyncio.run(run(p.parse_args()))
+    args = p.parse_args()
+    if args.workers:
+        args.light = 0
+    asyncio.run(run(args))
     return 0
 
 
