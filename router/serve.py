@@ -7,6 +7,7 @@ name; precedence is flag > environment > ``--config`` file > default.
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import json
 import logging
@@ -261,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     from router.http.stream import close_streams_on_exit
 
     close_streams_on_exit(server, app)
+    # Start-up objects (modules, the app, tokenizers) out of the cyclic collector's scans:
+    # without this a full collection of ~45 ms came within the first few thousand proxied
+    # requests (benchmarks/proxy_cpu.py --gc; docs/proxy.md, "Overhead").
+    gc.collect()
+    gc.freeze()
     server.run()
     return 0
 
