@@ -172,11 +172,27 @@ async def redis_score(
     return out
 
 
+async def _server_cpu_s(index: IndexBackend) -> float:
+    """CPU seconds of the (single) server's main thread so far (INFO cpu): robust to the
+    machine's load, unlike wall or ``commandstats`` times."""
+    info = await index._r.info("cpu")  # type: ignore[attr-defined]
+    return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+
+
 async def redis_ingest(url: str, block_events: int, capacity: int) -> dict[str, Any]:
     stream, total = make_stream(8, block_events, capacity)
     index = make_index("redis", url)
     await index._r.flushall()  # type: ignore[attr-defined]
+    cpu0 = await _server_cpu_s(index)
     got = {"redis": await bench_ingest(index, stream, total, drain=16)}
+    server_s = await _server_cpu_s(index) - cpu0
+    red = got["redis"]
+    red["server_us_per_block_event"] = round(server_s * 1e6 / total, 2)
+    red["client_us_per_block_event"] = round(1e6 / red["block_events_per_cpu_s"], 2)
+    # Both sides' CPU in series: the rate on a core each with nothing else to run.
+    red["block_events_per_cpu_s_both"] = round(
+        1e6 / (red["server_us_per_block_event"] + red["client_us_per_block_event"])
+    )
     await index.close()
     got["memory"] = await bench_ingest(make_index("memory"), stream, total, drain=16)
     got["ratio"] = round(
@@ -273,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
             f"ingest {k:<6} {r['block_events_per_s']:>10,} block events/s wall "
             f"({r['block_events_per_cpu_s']:,} per CPU-second of the router thread)"
         )
+    r = ing["redis"]
+    print(
+        f"ingest redis CPU per block event: router {r['client_us_per_block_event']} us + "
+        f"redis-server {r['server_us_per_block_event']} us "
+        f"({r['block_events_per_cpu_s_both']:,} per CPU-second of both)"
+    )
     print(f"ingest redis / memory: {ing['ratio']}")
     for r in res["score"]:
         red, mem = r["redis"], r["memory"]

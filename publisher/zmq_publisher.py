@@ -133,6 +133,7 @@ class ZmqEventPublisher(EventPublisher):
         self._flush_deadline = 0.0
         # Set by the thread just before it sleeps; publish() wakes it only then.
         self._idle = False
+        self._taking = 0  # 1 while the thread holds a batch it took from the queue
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -198,14 +199,17 @@ class ZmqEventPublisher(EventPublisher):
 
     @property
     def queued(self) -> int:
-        """Batches waiting for the publisher thread."""
-        return self._queue.qsize()
+        """Batches accepted and not yet published or dropped: the queue plus the one the
+        thread has taken and is sending (without it, a reader that sees an empty queue
+        and the old ``published`` would think everything was out)."""
+        return self._queue.qsize() + self._taking
 
     def counters(self) -> dict[str, int]:
+        queued = self.queued  # read before ``published``: together they never undercount
         return {
             "published": self.published,
             "dropped": self.dropped,
-            "queued": self.queued,
+            "queued": queued,
             "replay_requests": self.replay_requests,
             "bad_replay_requests": self.bad_replay_requests,
             "encode_errors": self.encode_errors,
@@ -331,30 +335,41 @@ class ZmqEventPublisher(EventPublisher):
 
     def _send_queued(self, pub: zmq.Socket, limit: int | None, deadline: float | None) -> None:
         sent = 0
-        while limit is None or sent < limit:
-            if deadline is not None and time.monotonic() > deadline:
-                return
-            try:
-                batch = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                payload = encode_batch(batch)
-            except Exception:  # a caller handed us something that is not a batch
-                self.encode_errors += 1
-                self._log_limited(
-                    "encode",
-                    "KV event batch failed to encode; %d so far",
-                    self.encode_errors,
-                    exc_info=True,
-                )
-                self._count_dropped(1, "batch failed to encode")
-                continue
-            seq = next(self._seq)
-            pub.send_multipart((self._topic_bytes, seq.to_bytes(8, "big"), payload))
-            self._buffer.append((seq, payload))
-            self.published += 1
-            sent += 1
+        try:
+            while limit is None or sent < limit:
+                if deadline is not None and time.monotonic() > deadline:
+                    return
+                self._taking = 1  # before the queue shrinks, cleared once it is counted
+                try:
+                    batch = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                self._settle(pub, batch)
+                sent += 1
+        finally:
+            self._taking = 0
+
+    def _settle(self, pub: zmq.Socket, batch: KVEventBatch) -> None:
+        """Encode and send one taken batch; counted as published or dropped, then the
+        next is taken (``_taking`` stays 1 until the count is in)."""
+        try:
+            payload = encode_batch(batch)
+        except Exception:  # a caller handed us something that is not a batch
+            self.encode_errors += 1
+            self._log_limited(
+                "encode",
+                "KV event batch failed to encode; %d so far",
+                self.encode_errors,
+                exc_info=True,
+            )
+            self._count_dropped(1, "batch failed to encode")
+            self._taking = 0
+            return
+        seq = next(self._seq)
+        pub.send_multipart((self._topic_bytes, seq.to_bytes(8, "big"), payload))
+        self._buffer.append((seq, payload))
+        self.published += 1
+        self._taking = 0
 
     def _serve_replay(self, replay: zmq.Socket) -> None:
         for _ in range(_REPLAY_REQUESTS_PER_TURN):

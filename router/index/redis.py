@@ -10,8 +10,8 @@ tag ``{ix:<n>}`` holding its workers' keys and the rows they share, so no script
 slots and a score sends one call per node (docs/benchmarks.md, "Round 3: Redis": the
 tags and their balance). Encodings: ``router.index.redis_codec``.
 Engine hash -> key lookups needed *before* a batch go through a bounded local cache,
-valid across replicas by a per-worker epoch (``router.index.redis_cache``), and one
-``HMGET`` for misses.
+one ``HMGET`` for misses (no round trip when none), valid across replicas by a per-worker
+epoch that every ``APPLY`` checks atomically (``router.index.redis_cache``).
 
 Connection errors and timeouts (short by default) become ``IndexUnavailable``.
 """
@@ -44,6 +44,7 @@ from router.index.memory import GHOST_ENTRIES
 from router.index.redis_cache import MappingCache
 from router.index.redis_codec import (
     INDEX_PREFIX,
+    Learned,
     State,
     apply_args,
     encode_hash,
@@ -59,7 +60,14 @@ from router.index.redis_codec import (
 )
 from router.index.redis_read import MetaCache, RedisReads
 
-__all__ = ["RedisIndex", "encode_hash", "encode_hashes", "key_blob", "worker_prefix"]
+__all__ = [
+    "RedisIndex",
+    "StaleMappings",
+    "encode_hash",
+    "encode_hashes",
+    "key_blob",
+    "worker_prefix",
+]
 
 WORKERS_KEY = INDEX_PREFIX + "workers"
 # Workers registered over REST (JSON specs): replicas and restarted routers share them.
@@ -75,6 +83,12 @@ CLUSTER_SHARDS = 16
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+class StaleMappings(IndexUnavailable):
+    """A batch was planned from cached mappings another router has voided (it cleared or
+    re-created the worker) and nothing of it was written: the writer retries, and the
+    new plan asks Redis (``IndexRetry``)."""
 
 
 class RedisIndex(RedisReads):
@@ -112,6 +126,7 @@ class RedisIndex(RedisReads):
         self._sha: dict[str, str] = {}
         self._mappings = MappingCache(cache_entries)
         self._meta = [MetaCache() for _ in range(self.shards)]
+        self._shard_memo = {}
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -197,6 +212,7 @@ class RedisIndex(RedisReads):
         )
         meta = self._prefix(worker_id) + "meta"
         x = self._x(worker_id)
+        epoch = new_epoch()
 
         async def run() -> None:
             # On a cluster the worker set may live in another slot: no MULTI across it
@@ -204,10 +220,11 @@ class RedisIndex(RedisReads):
             pipe = self._r.pipeline(transaction=not self.cluster)
             pipe.hset(x + "state", worker_id, blob)
             pipe.hset(x + "plan", worker_id, plan_of(state.groups))
-            pipe.hsetnx(meta, "epoch", new_epoch())  # a new worker (or one re-created)
+            pipe.hsetnx(meta, "epoch", epoch)  # a new worker (or one re-created)
             pipe.incr(x + "ver")  # cached metadata is stale (router.index.redis_read)
             pipe.sadd(WORKERS_KEY, worker_id)
-            await pipe.execute()
+            if (await pipe.execute())[2]:  # APPLY checks the epoch this process knows
+                self._mappings.check_epoch(worker_id, str(epoch).encode())
 
         await self._call(run)
 
@@ -232,22 +249,22 @@ class RedisIndex(RedisReads):
         out = [cache.get(h) for h in hashes]
         misses = [h for h, k in zip(hashes, out, strict=True) if k is None]
         prefix = self._prefix(worker_id)
+        if not misses:
+            # No round trip: APPLY checks the epoch these were learned in (apply_many).
+            return out
         fields = [encode_hash(h) for h in misses]
 
         async def run() -> list[Any]:
             pipe = self._r.pipeline(transaction=False)
             pipe.hget(prefix + "meta", "epoch")  # are the cached mappings still valid?
-            if fields:
-                for table in ("e", "t", "u"):  # the map, then newer and older ghosts
-                    pipe.hmget(f"{prefix}{table}:{block_size}", fields)
+            for table in ("e", "t", "u"):  # the map, then newer and older ghosts
+                pipe.hmget(f"{prefix}{table}:{block_size}", fields)
             return await pipe.execute()
 
         got = await self._call(run)
         if not self._mappings.check_epoch(worker_id, got[0]) and len(misses) < len(hashes):
             # Another replica cleared or re-created the worker: the hits were stale.
             return await self.resolve(worker_id, block_size, hashes)
-        if not misses:
-            return out
         live, newer, older = got[1:]
         found = {
             h: int.from_bytes(a or b or c, "big")
@@ -268,14 +285,14 @@ class RedisIndex(RedisReads):
     ) -> list[ApplyResult]:
         # Mappings enter the local cache only once Redis took the write (a failed write
         # must not leave mappings Redis does not hold); dropping entries is always safe.
-        learned: list[tuple[str, int, dict[EngineHash, BlockKey]]] = []
-        calls = [
-            (
-                self._prefix(w),
-                apply_args(w, self._ghost_cap, groups, ops, learned, self._mappings, self.shards),
-            )
-            for w, groups, ops in items
-        ]
+        learned: list[Learned] = []
+        calls = []
+        for w, groups, ops in items:
+            epoch = self._mappings.epoch(w)  # what the plan's cached mappings assumed
+            args = apply_args(w, self._ghost_cap, groups, ops, learned, self._mappings, self.shards)
+            if epoch is not None:
+                args.insert(4, b"5 " + epoch)
+            calls.append((self._prefix(w), args))
         sha = await self._call(lambda: self._script_sha("APPLY"))
 
         async def run() -> list[Any]:
@@ -290,10 +307,17 @@ class RedisIndex(RedisReads):
         except NoScriptError:  # Redis restarted or SCRIPT FLUSH: nothing ran, send again
             await self._call(lambda: self._script_sha("APPLY", reload=True))
             replies = await self._call(run)
+        stale = set()
         for (worker_id, _, _), got in zip(items, replies, strict=True):
-            self._mappings.check_epoch(worker_id, got[5] if len(got) > 5 else None)
-        for worker_id, bs, pairs in learned:
-            self._mappings.remember(worker_id, bs, pairs)
+            self._mappings.check_epoch(worker_id, got[5] or None if len(got) > 5 else None)
+            if len(got) > 6:  # refused: planned under an epoch another replica replaced
+                stale.add(worker_id)
+        for worker_id, bs, hashes, keys in learned:
+            if worker_id not in stale:
+                self._mappings.remember_lists(worker_id, bs, hashes, keys)
+        if stale:
+            # The other workers' writes went through; a retry skips them by their seqs.
+            raise StaleMappings(f"workers {sorted(stale)} changed by another router: replan")
         return [ApplyResult(*(int(x) for x in got[:5])) for got in replies]
 
     async def clear_worker(self, worker_id: str) -> None:
@@ -338,6 +362,7 @@ class RedisIndex(RedisReads):
             await pipe.execute()
 
         await self._call(run)
+        self._mappings.check_epoch(worker_id, None)  # its epoch went with its meta
         # Its rows were left by the clear: the slot can go to a new worker.
         await self._eval("FREE", [x + "slot"], [x, worker_id])
 

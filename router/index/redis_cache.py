@@ -8,6 +8,9 @@ map entries), so the cache answers exactly like the map -- for this replica's wr
 Replicas sharing one Redis: every worker carries a random *epoch* token, replaced at
 every clear and when it is created again; cached mappings are trusted only under the
 epoch they were learned in (``check_epoch``, fed by ``resolve`` and every ``APPLY``).
+A resolve answered wholly from the cache costs no round trip (it did one per batch, half
+the ingest wall time): every ``APPLY`` carries the epoch its plan assumed and the script
+refuses, atomically, a plan made under another (``RedisIndex.apply_many``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,18 @@ class MappingCache:
         cache.update(pairs)
         self._cached += len(cache) - before
 
+    def remember_lists(
+        self, worker_id: str, bs: int, hashes: Sequence[EngineHash], keys: Sequence[BlockKey]
+    ) -> None:
+        """``remember`` of ``zip(hashes, keys)`` without building the dict first."""
+        if self._cached + len(hashes) > self._limit:
+            self._cache.clear()
+            self._cached = 0
+        cache = self._cache.setdefault((worker_id, bs), {})
+        before = len(cache)
+        cache.update(zip(hashes, keys, strict=True))
+        self._cached += len(cache) - before
+
     def unremember(self, worker_id: str, bs: int, hashes: Sequence[EngineHash]) -> None:
         cache = self._cache.get((worker_id, bs))
         if cache:
@@ -58,3 +73,7 @@ class MappingCache:
         self.forget(worker_id)
         self._epochs[worker_id] = epoch
         return False
+
+    def epoch(self, worker_id: str) -> bytes | None:
+        """The epoch the worker's cached mappings were learned in (None: unknown)."""
+        return self._epochs.get(worker_id)

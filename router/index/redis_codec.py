@@ -28,6 +28,9 @@ from router.index.base import (
 )
 from router.index.redis_cache import MappingCache
 
+# (worker, block size, engine hashes, keys) a write will map once Redis took it.
+Learned = tuple[str, int, Sequence[EngineHash], Sequence[BlockKey]]
+
 _OP_CHUNK = 2000  # hashes per scripted op: keeps unpack() far below Lua's stack limit
 
 NAMESPACE = "kvroute:"
@@ -125,15 +128,19 @@ def apply_args(
     ghost_cap: int,
     groups: dict[int, GroupMeta],
     ops: Sequence[Op],
-    learned: list[tuple[str, int, dict[EngineHash, BlockKey]]],
+    learned: list[Learned],
     cache: MappingCache,
     shards: int = 1,
 ) -> list[Any]:
     """``APPLY``'s arguments for one worker's ops (format: ``router.index.redis_lua``);
-    ``learned`` collects the mappings to cache once Redis took the write."""
+    ``learned`` collects the mappings to cache once Redis took the write. Per op only
+    what differs is built: a group's header tail once per call, and a hybrid model's
+    second group (same hashes and keys) reuses the first one's blobs."""
     prefix = worker_prefix(worker_id, shards)
     xprefix = index_prefix(shard_of(worker_id, shards))
     args: list[Any] = [prefix, ghost_cap, xprefix, worker_id]
+    tails: dict[tuple[int, int], tuple[int, str, str]] = {}
+    last: tuple[Any, Any, Any, Any] = (None, None, None, None)  # hashes, keys, their blobs
     for op in ops:
         if isinstance(op, SeqOp):
             args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
@@ -143,25 +150,59 @@ def apply_args(
             cache.forget(worker_id)
             # Mappings learned before the clear in this call are void after it.
             learned[:] = [x for x in learned if x[0] != worker_id]
+            last = (None, None, None, None)
             continue
-        bs = groups[op.group].block_size
-        sibs = [g for g, m in groups.items() if g != op.group and m.block_size == bs]
+        t = tails.get((op.group, op.medium_bit))
+        if t is None:
+            bs = groups[op.group].block_size
+            sibs = [g for g, m in groups.items() if g != op.group and m.block_size == bs]
+            t = tails[(op.group, op.medium_bit)] = (
+                bs,
+                f"{op.group} {bs} {op.medium_bit}",
+                " ".join(map(str, (len(sibs), *sibs))),
+            )
+        bs, tail, sib_tail = t
         store = isinstance(op, StoreOp)
-        if isinstance(op, StoreOp):
-            learned.append((worker_id, bs, dict(zip(op.hashes, op.keys, strict=True))))
+        hashes, keys = op.hashes, op.keys if store else None
+        if store:
+            same = hashes == last[0] and keys == last[1]
+            if not (same and learned and learned[-1][:2] == (worker_id, bs)):
+                learned.append((worker_id, bs, hashes, keys))
         else:  # the server may drop these map entries: ask it again when needed
-            cache.unremember(worker_id, bs, op.hashes)
-        tail = " ".join(map(str, (op.group, bs, op.medium_bit)))
-        sib_tail = " ".join(map(str, (len(sibs), *sibs)))
-        for lo in range(0, len(op.hashes), _OP_CHUNK):  # Lua's unpack() has a limit
-            chunk = op.hashes[lo : lo + _OP_CHUNK]
-            width, hashes = encode_hashes(chunk)
-            head = f"{1 if store else 2} {tail} {len(chunk)} {width} {sib_tail}"
-            args.append(head.encode())
-            if isinstance(hashes, bytes):
-                args.append(hashes)
+            same = False
+            cache.unremember(worker_id, bs, hashes)
+        op_code = 1 if store else 2
+        if len(hashes) <= _OP_CHUNK:
+            if same:
+                hblob, kblob = last[2], last[3]
             else:
-                args += hashes
-            if isinstance(op, StoreOp):
-                args.append(key_blob(op.keys[lo : lo + _OP_CHUNK]))
+                hblob = encode_hashes(hashes)
+                kblob = key_blob(keys) if store else None
+                last = (hashes, keys, hblob, kblob)
+            _append_op(args, op_code, tail, sib_tail, len(hashes), hblob, kblob)
+            continue
+        for lo in range(0, len(hashes), _OP_CHUNK):  # Lua's unpack() has a limit
+            chunk = hashes[lo : lo + _OP_CHUNK]
+            kblob = key_blob(keys[lo : lo + _OP_CHUNK]) if store else None
+            _append_op(args, op_code, tail, sib_tail, len(chunk), encode_hashes(chunk), kblob)
+        last = (None, None, None, None)
     return args
+
+
+def _append_op(
+    args: list[Any],
+    op_code: int,
+    tail: str,
+    sib_tail: str,
+    n: int,
+    hblob: tuple[int, bytes | list[bytes]],
+    kblob: bytes | None,
+) -> None:
+    width, hashes = hblob
+    args.append(f"{op_code} {tail} {n} {width} {sib_tail}".encode())
+    if isinstance(hashes, bytes):
+        args.append(hashes)
+    else:
+        args += hashes
+    if kblob is not None:
+        args.append(kblob)

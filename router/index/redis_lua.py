@@ -34,6 +34,8 @@ from __future__ import annotations
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
 #   "3 epoch" (clear; the worker's cache epoch becomes ``epoch``, see RedisIndex.resolve)
 #   "4 rank seq fingerprint" (a batch boundary: skip to the next one if seq is not new)
+#   "5 epoch" (only first: the worker's epoch must still be ``epoch``, else nothing is
+#   written and the reply ends with 1 -- the client planned from stale cached mappings)
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
 # arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
 # HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
@@ -48,8 +50,10 @@ local W = ARGV[4]
 local REV = KEYS[1]
 local GS = P .. 'gs'
 local sub, find, byte, char = string.sub, string.find, string.byte, string.char
+local band = bit.band
 local stored, repeat_, removed, missing = 0, 0, 0, 0
 local code = nil
+local CM = {}  -- the worker's holder entry per mask: code .. char(mask)
 local function slot_code()
   if code then return code end
   local s = redis.call('HGET', X .. 'slot', W)
@@ -61,6 +65,7 @@ local function slot_code()
   end
   s = tonumber(s)
   code = char(8 + math.floor(s / 248), 8 + s % 248)
+  for m = 1, 7 do CM[m] = code .. char(m) end
   return code
 end
 local function split(blob, w, n)
@@ -79,9 +84,9 @@ end
 local function with_mask(v, p, m)
   if p then
     if m == 0 then return sub(v, 1, p - 1) .. sub(v, p + 3) end
-    return sub(v, 1, p + 1) .. char(m) .. sub(v, p + 3)
+    return sub(v, 1, p - 1) .. CM[m] .. sub(v, p + 3)
   end
-  return (v or '') .. code .. char(m)
+  return (v or '') .. CM[m]
 end
 local function write_rows(XG, upd, gone)
   if #upd > 0 then redis.call('HSET', XG, unpack(upd)) end
@@ -110,6 +115,14 @@ local function leave_rows()
     end
   end
 end
+-- "5 epoch" first: the mappings the client resolved from its cache hold only under
+-- that epoch; another replica cleared or re-created the worker since -> write nothing.
+local i = 5
+if sub(ARGV[5] or '', 1, 2) == '5 ' then
+  local have = redis.call('HGET', P .. 'meta', 'epoch')
+  if have ~= sub(ARGV[5], 3) then return {0, 0, 0, 0, 0, have or '', 1} end
+  i = 6
+end
 slot_code()
 -- Per call: names already added to the key sets, and the resolved keys of a hashes
 -- blob (a hybrid model stores the same blocks into each group of a block size: the
@@ -121,7 +134,6 @@ local function note(set, name)
     added[name] = true
   end
 end
-local i = 5
 local nargs = #ARGV
 local S = P .. 's'
 local skip, skipped = false, 0
@@ -180,7 +192,7 @@ while i <= nargs do
       if not ks then
         ks = split(ARGV[i], 8, n)
         local known = redis.call('HMGET', E, unpack(hs))
-        local pending, newmap = {}, {}
+        local pending, newmap, nm = {}, {}, 0
         for j = 1, n do
           local h = hs[j]
           if known[j] then
@@ -189,37 +201,50 @@ while i <= nargs do
             ks[j] = pending[h]
           else
             pending[h] = ks[j]
-            newmap[#newmap + 1] = h
-            newmap[#newmap + 1] = ks[j]
+            newmap[nm + 1] = h
+            newmap[nm + 2] = ks[j]
+            nm = nm + 2
           end
         end
-        if #newmap > 0 then redis.call('HSET', E, unpack(newmap)) end
+        if nm > 0 then redis.call('HSET', E, unpack(newmap, 1, nm)) end
         if blob then resolved[blob] = ks end
       end
       i = i + 1
       local vs = redis.call('HMGET', XG, unpack(ks))
-      local cur, order, dup = {}, {}, {}
+      local cur, order, no, dup = {}, {}, 0, {}
+      local CMB = CM[b]
       for j = 1, n do
         local k = ks[j]
         local v = cur[k]
         if v == nil then
-          v = vs[j] or ''
-          order[#order + 1] = k
+          v = vs[j]
+          no = no + 1
+          order[no] = k
         end
-        local m, p = mask_in(v)
-        if bit.band(m, b) == 0 then
-          if m == 0 then held = held + 1 end
-          v = with_mask(v, p, m + b)
+        if not v then  -- a block nobody holds yet
+          cur[k] = CMB
+          held = held + 1
           changed = changed + 1
         else
-          dup[#dup + 1] = k .. CB
+          local m, p = mask_in(v)
+          if band(m, b) == 0 then
+            if m == 0 then held = held + 1 end
+            cur[k] = with_mask(v, p, m + b)
+            changed = changed + 1
+          else
+            dup[#dup + 1] = k .. CB
+            cur[k] = v
+          end
         end
-        cur[k] = v
       end
       if changed > 0 then
         local upd = {}
-        for _, k in ipairs(order) do upd[#upd + 1] = k; upd[#upd + 1] = cur[k] end
-        redis.call('HSET', XG, unpack(upd))
+        for q = 1, no do
+          local k = order[q]
+          upd[2 * q - 1] = k
+          upd[2 * q] = cur[k]
+        end
+        redis.call('HSET', XG, unpack(upd, 1, 2 * no))
       end
       if #dup > 0 then
         local C = P .. 'c:' .. g

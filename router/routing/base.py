@@ -64,6 +64,18 @@ class PolicyWeights:
     # requests' worth of tokens has been routed (a fresh router, a quiet fleet) a worker
     # that got the only request is not "over its share" by N times.
     share_prior: float = 8.0
+    # ... fading linearly to ``share_prior_warm`` over the router's first
+    # ``share_warmup`` routed requests per worker: a cold router must not balance a cache
+    # hit away; a warm one balances harder (8 forever kept the live fleet grouped by
+    # system prompt, 1.17-1.33 imbalance), but not with no prior at all (0 lost 1.1
+    # points of the Mooncake bound, 4 gained 1.0; docs/routing.md). 0: never fades.
+    share_warmup: float = 4.0
+    share_prior_warm: float = 4.0
+    # Where the backlog leaves at first tokens, the share of the estimated progress of
+    # the request now in prefill (learned speed x time since it started) taken off the
+    # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
+    # Mooncake +0.2-0.7 points of hits at up to 1.3x the TTFT p99 (docs/routing.md).
+    head_progress: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -110,6 +122,8 @@ class RouteInput:
     hot_tokens: int = 0
     # The engines' block size in tokens (hit step): the anchors count in blocks.
     block_tokens: int = 16
+    # Requests the router has routed before this one (the share prior's warm-up).
+    routed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +140,17 @@ def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
         + weights.decode * view.inflight
         + weights.held * view.inflight_tokens
     )
+
+
+def share_prior_tokens(request: RouteInput, workers: int, weights: PolicyWeights) -> float:
+    """The share term's prior in tokens: ``share_prior`` requests' worth, fading to
+    ``share_prior_warm`` over the router's first ``share_warmup`` requests per worker
+    (never, with 0)."""
+    if weights.share_warmup <= 0:
+        return weights.share_prior * request.request_tokens
+    cold = max(0.0, 1.0 - request.routed / (weights.share_warmup * max(workers, 1)))
+    warm = weights.share_prior_warm
+    return (warm + (weights.share_prior - warm) * cold) * request.request_tokens
 
 
 def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:

@@ -15,7 +15,8 @@ prefill work::
            + decode * inflight_w                  # decode slots, in token equivalents
            + held * inflight_tokens_w             # KV held by running requests
            + share * request_tokens * (recent_w - mean(recent))
-                   / (mean(recent) + share_prior * request_tokens)  # fair share
+                   / (mean(recent) + prior)  # fair share
+    prior = share_prior * request_tokens, fading over the first share_warmup x N requests
 
 plus a balance guard: a worker whose load exceeds the fleet's mean by more than
 ``balance_slack`` loses its cache affinity, so a popular prefix cannot pile traffic onto
@@ -39,6 +40,7 @@ from router.routing.base import (
     WorkerView,
     discount_hot,
     pick_min,
+    share_prior_tokens,
     worker_load,
 )
 
@@ -136,6 +138,7 @@ class KvAwarePolicy(Policy):
         n = request.request_tokens
         ctx = weights.context_tokens
         fair = sum(v.recent_tokens for v in views) / len(views)
+        prior = share_prior_tokens(request, len(views), weights)
         costs: list[float] = []
         for view, load in zip(views, loads, strict=True):
             affinity = 0.0
@@ -151,7 +154,7 @@ class KvAwarePolicy(Policy):
                 queue += weights.backlog_over * max(0.0, view.prefill_backlog - weights.knee)
             decode = weights.decode * view.inflight + weights.held * view.inflight_tokens
             if weights.share > 0 and fair > 0:
-                spread = (view.recent_tokens - fair) / (fair + weights.share_prior * n)
+                spread = (view.recent_tokens - fair) / (fair + prior)
                 decode += weights.share * n * spread
             costs.append((weights.prefill * miss + queue) / speed + decode)
         return costs

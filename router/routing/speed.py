@@ -62,6 +62,11 @@ class SpeedEstimator:
             return self.nominal_tps
         return w.tokens / w.seconds
 
+    def last_first_token(self, worker_id: str) -> float:
+        """When the worker last streamed a first token (-inf: never seen)."""
+        w = self._workers.get(worker_id)
+        return w.last_first_token if w is not None else float("-inf")
+
     def speed(self, worker_id: str) -> float:
         return self.tps(worker_id) / self.nominal_tps
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -78,6 +78,8 @@ class InflightTable:
         self.prefill_tps = prefill_tps
         self.expired = 0
         self._items: dict[str, Inflight] = {}
+        # Per worker, requests whose prefill has not ended, in dispatch order (lazy).
+        self._prefilling: dict[str, deque[Inflight]] = {}
         self._loads: dict[str, WorkerLoad] = {}
         self._deadlines: list[tuple[float, str]] = []
 
@@ -114,6 +116,8 @@ class InflightTable:
         self._drain(load, now)
         load.requests += 1
         load.prefill_backlog += prefill_tokens
+        if prefill_tokens > 0:
+            self._prefilling.setdefault(worker_id, deque()).append(item)
         load.decode_tokens += decode_tokens
         load.tokens += tokens
         heapq.heappush(self._deadlines, (item.deadline, request_id))
@@ -148,6 +152,17 @@ class InflightTable:
         load.prefill_backlog = max(0.0, load.prefill_backlog - item.prefill_tokens)
         item.prefill_tokens = 0.0
         return item
+
+    def prefill_head(self, worker_id: str) -> Inflight | None:
+        """The oldest request still in prefill on ``worker_id`` (engines admit FCFS, so it
+        is the one being prefilled now), or None."""
+        queue = self._prefilling.get(worker_id)
+        while queue:
+            item = queue[0]
+            if item.prefill_tokens > 0 and self._items.get(item.request_id) is item:
+                return item
+            queue.popleft()
+        return None
 
     def expire(self, now: float) -> int:
         """Drop every request whose deadline has passed; returns how many."""
@@ -243,6 +258,7 @@ class RoutingCore:
         self.recent: dict[str, float] = {}
         # Plain counters; the API exports them as Prometheus metrics at scrape time.
         self.routed: Counter[str] = Counter()
+        self.routed_total = 0
         self.finished = 0
 
     def policy(self, name: str | None) -> Policy:
@@ -290,6 +306,7 @@ class RoutingCore:
         views = []
         for s in scores:
             load = self.inflight.load(s.worker_id, now)
+            backlog = load.prefill_backlog - self._head_progress(s.worker_id, now)
             views.append(
                 WorkerView(
                     worker_id=s.worker_id,
@@ -298,7 +315,7 @@ class RoutingCore:
                     score=float(s.score),
                     predicted_tokens=min(predicted.get(s.worker_id, 0), cap),
                     inflight=load.requests,
-                    prefill_backlog=load.prefill_backlog,
+                    prefill_backlog=backlog,
                     inflight_decode=load.decode_tokens,
                     inflight_tokens=load.tokens,
                     speed=speeds[s.worker_id],
@@ -306,7 +323,7 @@ class RoutingCore:
                     engine=engines.get(s.worker_id, unknown),
                 )
             )
-        request = RouteInput(n, hot, self.config.prefix_block_tokens)
+        request = RouteInput(n, hot, self.config.prefix_block_tokens, self.routed_total)
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
         expected = max(chosen.hit_tokens, chosen.predicted_tokens)
@@ -319,6 +336,7 @@ class RoutingCore:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
         self.routed[chooser.name] += 1
+        self.routed_total += 1
         return Decision(
             request_id=request_id,
             worker_id=chosen.worker_id,
@@ -332,6 +350,23 @@ class RoutingCore:
             loads=choice.loads,
             costs=choice.costs,
         )
+
+    def _head_progress(self, worker_id: str, now: float) -> float:
+        """Tokens of the request now in prefill on the worker that are already done: it
+        started at its dispatch or at the worker's previous first token, whichever came
+        later, and has run at the worker's learned speed since (capped at its size). Only
+        where the backlog leaves at first tokens (``prefill_tps`` 0): a long prompt that
+        is nearly prefilled no longer counts in full, so a session does not leave its
+        cache to dodge a wait that is almost over."""
+        share = self.config.weights.head_progress
+        if share <= 0 or self.config.prefill_tps > 0:
+            return 0.0
+        head = self.inflight.prefill_head(worker_id)
+        if head is None:
+            return 0.0
+        start = max(head.dispatched, self.speeds.last_first_token(worker_id))
+        done = max(0.0, now - start) * self.speeds.tps(worker_id)
+        return share * min(head.prefill_tokens, done)
 
     def _count_recent(self, worker_id: str, tokens: int, workers: int) -> None:
         """Decay every worker's recent tokens by one routed request's step (a window of

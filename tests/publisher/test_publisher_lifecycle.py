@@ -322,3 +322,20 @@ def test_drops_stay_visible_in_the_log(
     monkeypatch.setattr(zmq_publisher, "LOG_INTERVAL_S", 3600.0)
     pub.publish(batch(4))  # inside the interval: counted, not logged
     assert pub.dropped == 4 and len(caplog.records) == 3
+
+
+def test_counters_never_lose_the_batch_being_sent(
+    make_pub: Callable[..., ZmqEventPublisher],
+) -> None:
+    """``queued`` counts the batch the thread has taken and not yet counted: a reader of
+    ``counters()`` (the e2e tests' "router caught up" check) must never see an empty queue
+    with the old ``published`` while a batch is on its way (it did: the in-flight batch
+    was in neither figure)."""
+    pub = make_pub(inproc_name())
+    short = 0
+    for n in range(1, 20_001):
+        pub.publish(batch(n))
+        c = pub.counters()
+        short += c["queued"] + c["published"] + c["dropped"] < n
+    pub.shutdown(timeout=10)
+    assert short == 0, f"{short} of 20000 snapshots missed a batch in flight"

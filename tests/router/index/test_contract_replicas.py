@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _kv_streams import EventSource, Harness, new_index, tokens, wire
+from _kv_streams import EventSource, Harness, cleared, new_index, tokens, wire
 
 W = "w1"
 BS = 16
@@ -95,6 +95,7 @@ async def test_another_replicas_clear_voids_this_replicas_resolve_cache(redis_ur
     other cleared the worker (a restart at another hash unit: the same engine hashes
     now name other keys) or removed and re-created it (issue 14, item 5)."""
     from router.index.base import GPU_BIT, GroupMeta, StoreOp, WorkerState
+    from router.index.redis import StaleMappings
 
     a, b = new_index("redis", redis_url), new_index("redis", redis_url)
     groups = {0: GroupMeta("full_attention", BS)}
@@ -104,12 +105,49 @@ async def test_another_replicas_clear_voids_this_replicas_resolve_cache(redis_ur
 
     await b.clear_worker(W)
     await b.apply(W, groups, [StoreOp(0, GPU_BIT, [11, 12], [201, 202])])
-    assert await a.resolve(W, BS, [11, 12]) == [201, 202]
+    # A resolve answered from the cache costs no round trip, so it may be stale...
+    assert await a.resolve(W, BS, [11, 12]) == [101, 102]
+    # ...but a write planned from it is refused atomically and writes nothing.
+    with pytest.raises(StaleMappings):
+        await a.apply(W, groups, [StoreOp(0, GPU_BIT, [13], [103])])
+    assert await a.resolve(W, BS, [11, 12, 13]) == [201, 202, None]
     assert await a.resolve(W, BS, [11, 12]) == [201, 202]  # now cached under the new epoch
+    await a.apply(W, groups, [StoreOp(0, GPU_BIT, [13], [103])])  # current: taken
 
     await b.remove_worker(W)
     await b.save_worker(W, WorkerState(dict(groups)))
     await b.apply(W, groups, [StoreOp(0, GPU_BIT, [11], [301])])
-    assert await a.resolve(W, BS, [11, 12]) == [301, None]
+    with pytest.raises(StaleMappings):
+        await a.apply(W, groups, [StoreOp(0, GPU_BIT, [14], [104])])
+    assert await a.resolve(W, BS, [11, 12, 14]) == [301, None, None]
     await a.close()
     await b.close()
+
+
+async def test_a_batch_planned_from_voided_mappings_is_refused_then_replanned(
+    redis_url: str,
+) -> None:
+    """Replica A resolves a parent from its cache (no round trip); replica B has cleared
+    the worker since and the same engine hashes now name other blocks. A's write is
+    refused whole (``StaleMappings``, an ``IndexUnavailable``: the subscriber's writer
+    retries), and the retry, planned from Redis, keys the block under its real parent."""
+    from router.index.redis import StaleMappings
+
+    a = Harness.build(new_index("redis", redis_url))
+    b = Harness.build(new_index("redis", redis_url))
+    old, new = tokens(3 * BS + 1, seed=1), tokens(3 * BS + 1, seed=2)
+    # Same seed: the engine hands out the same hash values for other content (a restart).
+    src_a, src_b = EventSource("foreign", seed=5), EventSource("foreign", seed=5)
+    await a.feed(W, src_a.store(old, BS, 0, 2))
+    await b.feed(W, cleared())
+    await b.feed(W, src_b.store(new, BS, 0, 2))
+    batch = wire(src_b.store(new, BS, 2, 3))  # parent: the hash A cached for `old`
+    with pytest.raises(StaleMappings):
+        await a.ingestor.apply_batch(W, batch)
+    assert (await b.one(new, W)).hit_tokens == 2 * BS  # nothing of it was written
+    await a.ingestor.apply_batch(W, batch)  # the writer's retry
+    for h in (a, b):
+        assert (await h.one(new, W)).hit_tokens == 3 * BS
+        assert (await h.one(old, W)).hit_tokens == 0
+    await a.index.close()
+    await b.index.close()

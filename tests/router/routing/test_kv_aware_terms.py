@@ -104,3 +104,51 @@ def test_a_fresh_router_does_not_balance_away_a_cache_hit() -> None:
     bare.finish("first", now=0.0)
     half = [Score(w, 50, 50, 50.0) if w == first else Score(w) for w in "abcd"]
     assert bare.route("second", list(range(100)), half, now=0.0).worker_id != first
+
+
+def test_the_share_prior_fades_once_the_router_is_warm() -> None:
+    # The same view of the fleet: "a" got 4x the mean of recent tokens and holds half of a
+    # 1000-token prompt. A cold router (routed 0) keeps the hit; after share_warmup x N
+    # requests the prior is down to share_prior_warm (2) and the fair-share term moves
+    # the request, as with share_prior 0. share_warmup 0 keeps the prior forever.
+    views = [WorkerView("a", hit_tokens=500, score=500.0, recent_tokens=4000.0)] + [
+        WorkerView(w) for w in "bcd"
+    ]
+    weights = PolicyWeights(
+        backlog=0.0, held=0.0, share=1.0, share_prior=8.0, share_warmup=4.0, share_prior_warm=2.0
+    )
+    policy = make_policy("kv_aware")
+
+    def chosen(routed: int, w: PolicyWeights) -> str:
+        choice = policy.choose(RouteInput(1000, routed=routed), views, w, random.Random(0))
+        return views[choice.index].worker_id
+
+    assert chosen(0, weights) == "a"
+    assert chosen(16, weights) != "a"
+    assert chosen(16, PolicyWeights(backlog=0.0, held=0.0, share=1.0, share_prior=0.0)) != "a"
+    forever = PolicyWeights(backlog=0.0, held=0.0, share=1.0, share_prior=8.0, share_warmup=0.0)
+    assert chosen(16, forever) == "a"
+
+
+def test_the_core_counts_routed_requests_for_the_warm_up() -> None:
+    core = RoutingCore(RoutingConfig(seed=0, inflight_ttl_s=1e9))
+    scores = [Score(w) for w in "ab"]
+    for i in range(3):
+        core.route(f"r{i}", list(range(10)), scores, now=0.0)
+    assert core.routed_total == 3
+
+
+def test_head_progress_takes_the_prefilled_part_of_the_head_off_the_backlog() -> None:
+    # Backlog leaves at first tokens (prefill_tps 0); the router's speed estimate is the
+    # nominal 16k tokens/s until it has learned one. 0.5 s after dispatch, 8,000 of the
+    # head request's 10,000 uncached tokens are estimated done.
+    def backlog_seen(share: float) -> float:
+        weights = PolicyWeights(head_progress=share)
+        core = RoutingCore(RoutingConfig(weights=weights, prefill_tps=0.0, seed=0))
+        core.route("head", list(range(10_000)), [Score("a")], now=0.0)
+        decision = core.route("next", list(range(100)), [Score("a")], now=0.5)
+        return decision.views[0].prefill_backlog
+
+    assert backlog_seen(0.0) == 10_000.0
+    assert backlog_seen(1.0) == 2_000.0
+    assert backlog_seen(0.5) == 6_000.0

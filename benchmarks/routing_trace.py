@@ -1,0 +1,162 @@
+"""Per-request traces of routing decisions in one grid cell: why a policy wins or loses.
+
+    .venv/bin/python benchmarks/routing_trace.py --workload mooncake --workers 16 \
+        --cache generous --load 0.5 [--split tune] [--policies kv_aware,llmd] \
+        [--weights held=0.02] [--out trace.jsonl]
+
+Replays the cell (``routing_grid.py``'s arguments, charged engines) in this process with a
+hook on ``RoutingCore.route`` and prints, per policy: how often it sent a request away from
+the worker with the most cached tokens ("moved"), the cached tokens that cost (per the
+index, at routing time), the hit tokens lost between routing and admission (evicted while
+queued: the estimate over the truth), and for ``kv_aware`` which cost term decided each
+move (the term whose difference between the chosen and the best-cached worker was
+largest). ``--out`` writes one JSON line per decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.routing_grid import WORKLOADS  # noqa: E402
+from router.bench import commands  # noqa: E402
+from router.bench.trace_replay import replay  # noqa: E402
+from router.routing.base import RouteInput, discount_hot, share_prior_tokens  # noqa: E402
+from router.routing.state import Decision, RoutingCore  # noqa: E402
+
+
+def _terms(d: Decision, i: int, w: Any, routed: int) -> dict[str, float]:
+    """kv_aware's cost of worker ``i`` split into its terms (policy.py's formula)."""
+    v = d.views[i]
+    n = d.request_tokens
+    aff = discount_hot(max(v.score, float(v.predicted_tokens)), d.hot_tokens, w.hot_discount)
+    fair = sum(x.recent_tokens for x in d.views) / len(d.views)
+    share = 0.0
+    if w.share > 0 and fair > 0:
+        prior = share_prior_tokens(RouteInput(n, routed=routed), len(d.views), w)
+        share = w.share * n * (v.recent_tokens - fair) / (fair + prior)
+    speed = v.speed if v.speed > 0 else 1.0
+    return {
+        "miss": w.prefill * (n - aff) / speed,
+        "backlog": w.backlog * v.prefill_backlog / speed,
+        "held": w.held * v.inflight_tokens + w.decode * v.inflight,
+        "share": share,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="mooncake", choices=tuple(WORKLOADS))
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--cache", default="generous")
+    ap.add_argument("--load", type=float, default=0.5)
+    ap.add_argument("--split", default="tune", choices=("tune", "report"))
+    ap.add_argument("--policies", default="kv_aware,llmd")
+    ap.add_argument("--weights", default="")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    wl = WORKLOADS[a.workload]
+    argv = ["routing", *wl["args"], *wl[a.split], "--engine-model", "charged"]
+    argv += ["--workers", str(a.workers), "--gpu-blocks", str(wl["cache"][a.cache])]
+    argv += ["--load", str(a.load)]
+    if a.weights:
+        argv += ["--weights", a.weights]
+    for p in a.policies.split(","):
+        argv += ["--policy", p]
+    args = commands.build_parser().parse_args(argv)
+    cfg = commands._config(args)
+    weights = cfg.routing.weights
+    rows: list[dict[str, Any]] = []
+    original = RoutingCore.route
+
+    def hooked(self: RoutingCore, *pa: Any, **kw: Any) -> Decision:
+        d = original(self, *pa, **kw)
+        hits = [v.hit_tokens for v in d.views]
+        chosen = next(i for i, v in enumerate(d.views) if v.worker_id == d.worker_id)
+        best = max(range(len(hits)), key=lambda i: (hits[i], i == chosen))
+        row = {
+            "policy": d.policy,
+            "rid": d.request_id,
+            "t": kw.get("now"),
+            "n": d.request_tokens,
+            "hit": hits[chosen],
+            "best_hit": hits[best],
+            "moved": hits[best] > hits[chosen],
+            "backlog": round(d.views[chosen].prefill_backlog),
+            "min_backlog": round(min(v.prefill_backlog for v in d.views)),
+            "best_backlog": round(d.views[best].prefill_backlog),
+        }
+        if d.policy == "kv_aware" and row["moved"]:
+            routed = self.routed_total - 1
+            tc, tb = _terms(d, chosen, weights, routed), _terms(d, best, weights, routed)
+            row["diff"] = {k: round(tb[k] - tc[k], 1) for k in tc}
+        rows.append(row)
+        by_id[(id(self), d.request_id)] = row
+        return d
+
+    def first(self: RoutingCore, request_id: str, now: float | None = None) -> bool:
+        row = by_id.get((id(self), request_id))
+        if row is not None and now is not None:
+            row["ttft"] = round(now - row["t"], 3)
+        return first_token(self, request_id, now)
+
+    by_id: dict[tuple[int, str], dict[str, Any]] = {}
+    first_token = RoutingCore.first_token
+    RoutingCore.route = hooked  # type: ignore[method-assign]
+    RoutingCore.first_token = first  # type: ignore[method-assign]
+    workload, _ = commands._workload(args)
+    fleets = commands._fleet_specs(args, cfg)
+    result = asyncio.run(replay(workload, fleets, cfg, bounds=False))
+    for p in a.policies.split(","):
+        mine = [r for r in rows if r["policy"] == p]
+        moved = [r for r in mine if r["moved"]]
+        prompt = sum(r["n"] for r in mine)
+        lost = sum(r["best_hit"] - r["hit"] for r in moved)
+        est = sum(r["hit"] for r in mine)
+        summary = result["policies"][p]
+        truth = summary["hit_rate"] * prompt
+        why: Counter[str] = Counter()
+        why_tokens: Counter[str] = Counter()
+        for r in moved:
+            if "diff" in r:
+                k = max(r["diff"], key=lambda k: r["diff"][k] if k != "miss" else -1e18)
+                why[k] += 1
+                why_tokens[k] += r["best_hit"] - r["hit"]
+        print(
+            f"{p:10s} hit {summary['hit_rate']:.4f} p99 {summary['ttft_p99_s']:.2f} "
+            f"imb {summary['imbalance']:.2f} | moved {len(moved)}/{len(mine)} "
+            f"giving up {lost / prompt * 100:.2f}% of prompt tokens (index) | "
+            f"estimated {est / prompt * 100:.2f}% vs admitted {truth / prompt * 100:.2f}% "
+            f"(lost while queued {(est - truth) / prompt * 100:+.2f}%)"
+        )
+        if why:
+            print(
+                "   moves decided by: "
+                + ", ".join(f"{k} {why[k]} ({why_tokens[k] / prompt * 100:.2f}%)" for k in why)
+            )
+        slow = sorted(mine, key=lambda r: -r.get("ttft", 0.0))[: max(len(mine) // 100, 1)]
+        print(
+            "   slowest 1%: mean ttft {:.2f}s, prompt {:.0f}, cached {:.0f} (best {:.0f}), "
+            "backlog {:.0f} (fleet min {:.0f}), moved {}".format(
+                *(
+                    sum(r.get(k, 0) for r in slow) / len(slow)
+                    for k in ("ttft", "n", "hit", "best_hit", "backlog", "min_backlog")
+                ),
+                sum(r["moved"] for r in slow),
+            )
+        )
+    if a.out:
+        Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
