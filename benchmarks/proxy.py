@@ -82,9 +82,11 @@ def prompt(i: int, size: int = 256) -> list[int]:
 
 
 async def latency(client: httpx.AsyncClient, urls: dict[str, str], n: int) -> dict[str, Any]:
-    """Interleaved sequential requests; per target: p50/p99 ms and streaming TTFC."""
+    """Interleaved sequential requests; per target: p50/p99 ms and streaming TTFC, and
+    where its slowest 1 % came from (``tail``, see ``tail_of``)."""
     lat: dict[str, list[float]] = {k: [] for k in urls}
     ttfc: dict[str, list[float]] = {k: [] for k in urls}
+    served: list[str] = []  # kvroute's x-kvroute-worker per round
     for i in range(n):
         for name, base in urls.items():
             body = {"model": MODEL, "prompt": prompt(i), "max_tokens": 1}
@@ -92,6 +94,8 @@ async def latency(client: httpx.AsyncClient, urls: dict[str, str], n: int) -> di
             r = await client.post(f"{base}/v1/completions", json=body)
             lat[name].append(time.perf_counter() - t0)
             r.raise_for_status()
+            if name == "kvroute":
+                served.append(r.headers.get("x-kvroute-worker", "?"))
             if i % 4 == 0:
                 body["stream"] = True
                 body["max_tokens"] = 4
@@ -109,7 +113,32 @@ async def latency(client: httpx.AsyncClient, urls: dict[str, str], n: int) -> di
             "p99_ms": round(1000 * pct(lat[name], 0.99), 3),
             "ttfc_p50_ms": round(1000 * statistics.median(ttfc[name]), 3),
         }
+        if name != "direct":
+            out[name]["tail"] = tail_of(
+                lat[name], lat["direct"], served if name == "kvroute" else []
+            )
     return out
+
+
+def tail_of(mine: list[float], direct: list[float], served: list[str]) -> dict[str, Any]:
+    """Where a target's slowest 1 % of rounds came from: in how many of them the direct
+    request of the same round (sent just before) was slow too (above the direct p90: the
+    machine or the engines stalled, not the router), how much slower than the direct one
+    they were, and which workers served them (kvroute)."""
+    k = max(1, len(mine) // 100)
+    worst = sorted(range(len(mine)), key=mine.__getitem__)[-k:]
+    slow_direct = pct(direct, 0.90)
+    workers: dict[str, int] = {}
+    for i in worst:
+        if served:
+            workers[served[i]] = workers.get(served[i], 0) + 1
+    return {
+        "rounds": len(worst),
+        "direct_also_slow": sum(direct[i] > slow_direct for i in worst),
+        "ms": [round(1000 * mine[i], 2) for i in worst],
+        "minus_direct_ms": [round(1000 * (mine[i] - direct[i]), 2) for i in worst],
+        **({"workers": workers} if served else {}),
+    }
 
 
 async def throughput(base: str, concurrency: int, seconds: float) -> float:
@@ -255,6 +284,16 @@ def summary(result: dict[str, Any]) -> str:
             f"  {name:12s} p50 {rng('p50_ms')}  p99 {rng('p99_ms')}  added p50 "
             f"{rng('added_p50_ms')}  added p99 {rng('added_p99_ms')}  TTFC {rng('ttfc_p50_ms')}"
             f"  req/s {result['req_per_s'][name]}"
+        )
+    for name in result["req_per_s"]:
+        if name == "direct":
+            continue
+        tails = [r[name]["tail"] for r in result["runs"]]
+        lines.append(
+            f"  {name:12s} slowest 1 %: direct also slow in "
+            + ", ".join(f"{t['direct_also_slow']}/{t['rounds']}" for t in tails)
+            + "; ms over direct "
+            + " | ".join(" ".join(f"{v:.1f}" for v in t["minus_direct_ms"]) for t in tails)
         )
     loads = [r["load_avg_1m"]["start"] for r in result["runs"]]
     lines.append(f"  load average (1 min) at the runs' start: {min(loads):.1f}-{max(loads):.1f}")

@@ -5,7 +5,9 @@ the router also reports its garbage-collector pauses (benchmarks/gcstats/).
 
 How docs/proxy.md ("Overhead") found the health-check burst and the full collections:
 ``python benchmarks/proxy_cpu.py [--light 64] [--gc] [--router-arg=--health-interval-s
---router-arg=1000]``. Light engines as in benchmarks/proxy.py; loopback only.
+--router-arg=1000] [--profile OUT.pstats]`` (``--profile``: cProfile of the router's
+event loop over the busy phase only, benchmarks/profiling/). Light engines as in
+benchmarks/proxy.py; loopback only.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import importlib.util
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -48,12 +51,14 @@ async def run(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvroute-bench-proxy-cpu-"))
     procs = []
     try:
-        args.workers = 0
         engines, specs = bp.start_fleet(args, tmp, procs)
         (port,) = bp.free_ports(1)
         env = {**os.environ}
         if args.gc:
             env["PYTHONPATH"] = str(REPO / "benchmarks/gcstats")
+        elif args.profile:
+            env["PYTHONPATH"] = str(REPO / "benchmarks/profiling")
+            env["BENCH_PROFILE_OUT"] = str(Path(args.profile).resolve())
         log = tmp / "router.log"
         with log.open("wb") as out:
             router = bp.subprocess.Popen(
@@ -86,9 +91,16 @@ async def run(args: argparse.Namespace) -> None:
 
             for i in range(200):
                 await one(i)
+            if args.profile:
+                os.kill(router.pid, signal.SIGUSR1)
+                await asyncio.sleep(0.2)
             c0 = cpu_s(router.pid)
             lat = [await one(i) for i in range(args.requests)]
             per = 1e6 * (cpu_s(router.pid) - c0) / args.requests
+            if args.profile:
+                os.kill(router.pid, signal.SIGUSR2)
+                await asyncio.sleep(1.0)
+                print(f"profile of the busy phase (with profiler overhead): {args.profile}")
         print(
             f"busy: router CPU {per:.0f} us per request; latency p50 "
             f"{1000 * bp.pct(lat, 0.5):.2f} p99 {1000 * bp.pct(lat, 0.99):.2f} ms"
@@ -112,11 +124,16 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--light", type=int, default=64, help="light engines (one process)")
+    p.add_argument("--workers", type=int, default=0, help="kvroute engines instead of light")
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--idle-s", type=float, default=10.0)
     p.add_argument("--gc", action="store_true", help="report the router's GC pauses")
+    p.add_argument("--profile", default=None, help="cProfile the busy phase into this file")
     p.add_argument("--router-arg", action="append", default=[], help="extra serve argument")
-    asyncio.run(run(p.parse_args()))
+    args = p.parse_args()
+    if args.workers:
+        args.light = 0
+    asyncio.run(run(args))
     return 0
 
 

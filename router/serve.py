@@ -7,6 +7,7 @@ name; precedence is flag > environment > ``--config`` file > default.
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import json
 import logging
@@ -242,9 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         settings.index,
         len(settings.workers),
     )
+    from router.http.protocol import protocol_class
+    from router.proxy import outermost
+
     server = uvicorn.Server(
         uvicorn.Config(
-            app,
+            outermost(app),  # the proxy's hot path skips FastAPI's middleware stack
+            http=protocol_class(),  # response head + body in one write (router/http/protocol.py)
             host=settings.host,
             port=settings.port,
             log_config=None,
@@ -257,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     from router.http.stream import close_streams_on_exit
 
     close_streams_on_exit(server, app)
+    # Start-up objects (modules, the app, tokenizers) out of the cyclic collector's scans:
+    # without this a full collection of ~45 ms came within the first few thousand proxied
+    # requests (benchmarks/proxy_cpu.py --gc; docs/proxy.md, "Overhead").
+    gc.collect()
+    gc.freeze()
     server.run()
     return 0
 

@@ -1,7 +1,10 @@
 """The OpenAI-compatible proxy on the router's port (docs/proxy.md).
 
 ``install(app, service)`` is called by ``router.http.app.create_app`` after the routing
-extension (the proxy routes with its ``RoutingCore``).
+extension (the proxy routes with its ``RoutingCore``). ``outermost(app)`` is what
+``kvroute serve`` hands to uvicorn: the proxied paths answered before FastAPI's own
+middleware stack (error, telemetry and body-limit wrappers cost every request and every
+``send``; the proxy does its own body limit and error answers).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from router.proxy.core import Proxy, ProxyError
 from router.proxy.endpoints import router
@@ -16,7 +20,7 @@ from router.proxy.forward import ProxyMiddleware
 from router.proxy.metrics import ProxyCollector
 from router.service import RouterService
 
-__all__ = ["Proxy", "ProxyError", "install"]
+__all__ = ["Proxy", "ProxyError", "install", "outermost"]
 
 
 def install(app: FastAPI, service: RouterService) -> Proxy:
@@ -37,3 +41,9 @@ def install(app: FastAPI, service: RouterService) -> Proxy:
 
     service.add_background(run)
     return proxy
+
+
+def outermost(app: FastAPI) -> ASGIApp:
+    """``app`` with the proxy in front of everything (``app`` unchanged without one)."""
+    proxy = getattr(app.state, "proxy", None)
+    return app if proxy is None else ProxyMiddleware(app, proxy=proxy)

@@ -78,6 +78,25 @@ async def _send_json(send: Send, status: int, body: bytes, extra: list | None = 
     await send({"type": "http.response.body", "body": body})
 
 
+class _Reply:
+    """The client's ``send``, noting whether the response started and ended."""
+
+    __slots__ = ("_send", "finished", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.finished = False
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.started = True
+        elif kind == "http.response.body" and not message.get("more_body"):
+            self.finished = True
+        await self._send(message)
+
+
 class _Failed(Exception):
     """An attempt failed before any byte reached the client: try the next worker."""
 
@@ -105,11 +124,17 @@ class ProxyMiddleware:
             return
         endpoint = "chat" if chat else "completions"
         outcome = "error"
+        reply = _Reply(send)
         try:
-            outcome = await self._handle(scope, receive, send, chat)
+            outcome = await self._handle(scope, receive, reply, chat)
         except ProxyError as exc:
             outcome = exc.code
-            await _send_json(send, *_json_error(exc.status, exc.code, exc.message))
+            await _send_json(reply.send, *_json_error(exc.status, exc.code, exc.message))
+        except Exception as exc:  # a bug: answer JSON 500 if we still can, never crash
+            outcome = "internal_error"
+            self._log(f"internal error: {exc!r}", exc_info=True)
+            if not reply.started:
+                await _send_json(send, *_json_error(500, "internal_error", "internal error"))
         finally:
             self.proxy.counters.requests[endpoint, outcome] += 1
 
@@ -149,7 +174,7 @@ class ProxyMiddleware:
         if got is None or not hmac.compare_digest(got.encode(), s.api_key.encode()):
             raise ProxyError(401, "unauthorized", "send 'Authorization: Bearer KEY'")
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> str:
+    async def _handle(self, scope: Scope, receive: Receive, reply: _Reply, chat: bool) -> str:
         self._check_key(scope)
         raw = await self._read_body(scope, receive)
         try:
@@ -193,37 +218,35 @@ class ProxyMiddleware:
             and isinstance(body.get("stream_options"), dict)
             and bool(body["stream_options"].get("include_usage"))
         )
-        finished = False
+        # The forward runs in this task; a watcher cancels it if the client goes away
+        # (closing the upstream response cancels the request at the engine). One task
+        # per request rather than two plus asyncio.wait: this is the per-request path.
+        task = asyncio.current_task()
+        assert task is not None
+        state = [True, False]  # [watching, client gone]
 
-        async def tracked(message: Message) -> None:
-            nonlocal finished
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                finished = True
+        def on_disconnect(_: asyncio.Task[None]) -> None:
+            if state[0] and not reply.finished:
+                state[1] = True
+                task.cancel()
 
-        job = asyncio.create_task(
-            self._forward(
-                tracked, path, raw, forward_headers, tokens, scores, policy, stream, want_usage
-            )
-        )
         watch = asyncio.create_task(_disconnected(receive))
+        watch.add_done_callback(on_disconnect)
         try:
-            done, _ = await asyncio.wait({job, watch}, return_when=asyncio.FIRST_COMPLETED)
+            return await self._forward(
+                reply.send, path, raw, forward_headers, tokens, scores, policy, stream, want_usage
+            )
         except asyncio.CancelledError:
-            job.cancel()
-            raise
+            if not state[1]:
+                raise
+            task.uncancel()
+            return "client_cancelled"
+        except OSError:  # uvicorn's ClientDisconnected from a send
+            return "client_cancelled"
         finally:
-            if not watch.done():
-                watch.cancel()
-        if job in done or finished:  # finished: uvicorn reports the end as a disconnect
-            try:
-                return await job
-            except OSError:  # uvicorn's ClientDisconnected from a send
-                return "client_cancelled"
-        job.cancel()  # the client went away: closing the upstream response cancels it there
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await job
-        return "client_cancelled"
+            state[0] = False
+            watch.remove_done_callback(on_disconnect)
+            watch.cancel()
 
     # ------------------------------------------------------------------ forward
     async def _forward(
@@ -356,11 +379,11 @@ class ProxyMiddleware:
             }
         )
 
-    def _log(self, message: str) -> None:
+    def _log(self, message: str, exc_info: bool = False) -> None:
         now = time.monotonic()
         if now - self._last_log >= _RATE_S:
             self._last_log = now
-            log.warning("proxy: %s", message)
+            log.warning("proxy: %s", message, exc_info=exc_info)
 
 
 async def _disconnected(receive: Callable[[], Awaitable[Message]]) -> None:
