@@ -12,6 +12,8 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from _helpers import stored
+
 from router.index import IndexBackend, make_index
 from router.ingest.ingestor import Ingestor
 from router.score.scorer import Scorer
@@ -144,3 +146,22 @@ class Harness:
 
 def new_index(kind: str, redis_url: str | None) -> IndexBackend:
     return make_index(kind, redis_url if kind == "redis" else None)
+
+
+# Report-full (re-announcement) streams: 16-token blocks, SWA window 32.
+REPORT_BLOCK = 16
+FULL, SWA = "full_attention", "sliding_window"
+
+
+def store16(
+    hashes: list[int], toks: list[int], parent: int | None, group: int = 0, kind: str = FULL
+) -> BlockStored:
+    """A GPU store of 16-token blocks (a 32-token window for a sliding-window group)."""
+    window = 32 if kind == SWA else None
+    return stored(
+        hashes, toks, parent, block_size=REPORT_BLOCK, group=group, kind=kind, window=window
+    )
+
+
+def gpu_removed(hashes: list[int], group: int = 0) -> BlockRemoved:
+    return BlockRemoved(block_hashes=hashes, medium="GPU", group_idx=group)

@@ -9,97 +9,70 @@ wrong call shows in the score.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
-from _helpers import stored
-from _kv_streams import Harness, new_index, tokens, wire
-
-from router.index.base import EngineSettings
-from schemas import BlockRemoved, BlockStored
-
-B = 16
-FULL, SWA = "full_attention", "sliding_window"
+from _kv_streams import SWA, Harness, gpu_removed, store16, tokens, wire
 
 
-def _store(
-    hashes: list[int], toks: list[int], parent: int | None, group: int = 0, kind: str = FULL
-) -> BlockStored:
-    window = 32 if kind == SWA else None
-    return stored(hashes, toks, parent, block_size=B, group=group, kind=kind, window=window)
-
-
-def _removed(hashes: list[int], group: int = 0) -> BlockRemoved:
-    return BlockRemoved(block_hashes=hashes, medium="GPU", group_idx=group)
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
-    h = Harness.build(new_index(request.param, url))
-    await h.ingestor.configure("w", EngineSettings(report_full=True))
-    yield h
-    await h.index.close()
-
-
-async def test_reannouncement_without_new_blocks_is_no_copy(harness: Harness) -> None:
+async def test_reannouncement_without_new_blocks_is_no_copy(report_full: Harness) -> None:
     toks = tokens(100, seed=1)
-    await harness.feed("w", _store([1, 2, 3], toks[:48], None))
+    await report_full.feed("w", store16([1, 2, 3], toks[:48], None))
     # A later request hits the three blocks and computes no new full block this step.
-    await harness.feed("w", _store([1, 2, 3], toks[:48], None))
-    assert harness.ingestor.counters.reannounced_blocks == 3
-    await harness.feed("w", _removed([3]))  # the one copy vLLM had
-    assert (await harness.one(toks, "w")).hit_tokens == 32
+    await report_full.feed("w", store16([1, 2, 3], toks[:48], None))
+    assert report_full.ingestor.counters.reannounced_blocks == 3
+    await report_full.feed("w", gpu_removed([3]))  # the one copy vLLM had
+    assert (await report_full.one(toks, "w")).hit_tokens == 32
 
 
-async def test_reannouncement_of_blocks_cached_earlier_in_the_step(harness: Harness) -> None:
+async def test_reannouncement_of_blocks_cached_earlier_in_the_step(report_full: Harness) -> None:
     toks = tokens(100, seed=2)
-    # One step: request A computes two blocks, request B (same prefix) hits them.
-    await harness.feed("w", _store([1, 2], toks[:32], None), _store([1, 2], toks[:32], None))
-    await harness.feed("w", _removed([2]))
-    assert (await harness.one(toks, "w")).hit_tokens == 16
+    # One step: request A computes two blocks, request REPORT_BLOCK (same prefix) hits them.
+    await report_full.feed("w", store16([1, 2], toks[:32], None), store16([1, 2], toks[:32], None))
+    await report_full.feed("w", gpu_removed([2]))
+    assert (await report_full.one(toks, "w")).hit_tokens == 16
 
 
-async def test_recompute_after_eviction_in_the_step_is_a_copy(harness: Harness) -> None:
+async def test_recompute_after_eviction_in_the_step_is_a_copy(report_full: Harness) -> None:
     toks = tokens(100, seed=3)
-    await harness.feed("w", _store([1, 2], toks[:32], None))
+    await report_full.feed("w", store16([1, 2], toks[:32], None))
     # One step: an allocation evicts both blocks, then a request (its lookup missed)
     # computes them again from 0.
-    await harness.feed("w", _removed([2]), _removed([1]), _store([1, 2], toks[:32], None))
-    assert harness.ingestor.counters.reannounced_blocks == 0
-    assert (await harness.one(toks, "w")).hit_tokens == 32
+    await report_full.feed(
+        "w", gpu_removed([2]), gpu_removed([1]), store16([1, 2], toks[:32], None)
+    )
+    assert report_full.ingestor.counters.reannounced_blocks == 0
+    assert (await report_full.one(toks, "w")).hit_tokens == 32
 
 
-async def test_hybrid_recompute_when_the_window_missed_is_a_copy(harness: Harness) -> None:
+async def test_hybrid_recompute_when_the_window_missed_is_a_copy(report_full: Harness) -> None:
     toks = tokens(100, seed=4)
-    full = _store([1, 2, 3], toks[:48], None)
-    await harness.feed("w", full, _store([1, 2, 3], toks[:48], None, 1, SWA))
-    await harness.feed("w", _removed([3, 2, 1], 1))  # the window's blocks left
-    assert (await harness.one(toks, "w")).hit_tokens == 0
+    full = store16([1, 2, 3], toks[:48], None)
+    await report_full.feed("w", full, store16([1, 2, 3], toks[:48], None, 1, SWA))
+    await report_full.feed("w", gpu_removed([3, 2, 1], 1))  # the window's blocks left
+    assert (await report_full.one(toks, "w")).hit_tokens == 0
     # Full attention holds the prefix, the window does not: vLLM's lookup missed and the
     # request recomputed from 0 (a copy in both groups), not a re-announcement.
-    await harness.feed("w", full, _store([1, 2, 3], toks[:48], None, 1, SWA))
-    assert harness.ingestor.counters.reannounced_blocks == 0
-    await harness.feed("w", _removed([3]))  # the older full-attention copy
-    assert (await harness.one(toks, "w")).hit_tokens == 48
+    await report_full.feed("w", full, store16([1, 2, 3], toks[:48], None, 1, SWA))
+    assert report_full.ingestor.counters.reannounced_blocks == 0
+    await report_full.feed("w", gpu_removed([3]))  # the older full-attention copy
+    assert (await report_full.one(toks, "w")).hit_tokens == 48
     # And a hit it re-announces (the window held) is no copy in either group.
-    await harness.feed("w", full, _store([1, 2, 3], toks[:48], None, 1, SWA))
-    assert harness.ingestor.counters.reannounced_blocks == 6
+    await report_full.feed("w", full, store16([1, 2, 3], toks[:48], None, 1, SWA))
+    assert report_full.ingestor.counters.reannounced_blocks == 6
 
 
 @pytest.mark.parametrize("one_write", [False, True], ids=["batch-each", "one-write"])
 async def test_reannouncement_after_one_of_two_copies_left(
-    harness: Harness, one_write: bool
+    report_full: Harness, one_write: bool
 ) -> None:
     toks = tokens(100, seed=5)
-    await harness.feed("w", _store([1], toks[:16], None), _store([2], toks[16:32], 1))
-    await harness.feed("w", _store([2], toks[16:32], 1))  # a resend re-caches it: 2 copies
-    evict, reannounce = wire(_removed([2])), wire(_store([1, 2], toks[:32], None))
+    await report_full.feed("w", store16([1], toks[:16], None), store16([2], toks[16:32], 1))
+    await report_full.feed("w", store16([2], toks[16:32], 1))  # a resend re-caches it: 2 copies
+    evict, reannounce = wire(gpu_removed([2])), wire(store16([1, 2], toks[:32], None))
     if one_write:  # a subscriber that fell behind applies both in one write
-        await harness.ingestor.apply_batches([("w", evict), ("w", reannounce)])
+        await report_full.ingestor.apply_batches([("w", evict), ("w", reannounce)])
     else:
-        await harness.ingestor.apply_batch("w", evict)
-        await harness.ingestor.apply_batch("w", reannounce)
-    assert harness.ingestor.counters.reannounced_blocks == 2
-    await harness.feed("w", _removed([2]))  # the last copy
-    assert (await harness.one(toks, "w")).hit_tokens == 16
+        await report_full.ingestor.apply_batch("w", evict)
+        await report_full.ingestor.apply_batch("w", reannounce)
+    assert report_full.ingestor.counters.reannounced_blocks == 2
+    await report_full.feed("w", gpu_removed([2]))  # the last copy
+    assert (await report_full.one(toks, "w")).hit_tokens == 16
