@@ -13,7 +13,18 @@ import tempfile
 
 from setuptools import Extension, setup
 
-_SOURCES = ("_core", "map", "map_type", "map_scan", "map_store", "chain", "rows", "pack", "sweep")
+_SOURCES = (
+    "_core",
+    "map",
+    "map_type",
+    "map_scan",
+    "map_store",
+    "chain",
+    "rows",
+    "proto",
+    "pack",
+    "sweep",
+)
 
 
 def _has_xxhash() -> bool:

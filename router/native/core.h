@@ -1,7 +1,7 @@
 /* Shared declarations of kvroute's compiled core (router/native/__init__.py: why, and
  * the fallback). One extension module, ``router.native._core``, from these sources:
  * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), chain.c (block keys), rows.c (the
- * scorer's per-worker rows), sweep.c (the rule's candidate sweep), pack.c (bitset bytes), _core.c (the module). */
+ * scorer's per-worker rows), proto.c (a class's prototype), sweep.c (the rule's candidate sweep), pack.c (bitset bytes), _core.c (the module). */
 #ifndef KVR_CORE_H
 #define KVR_CORE_H
 #define PY_SSIZE_T_CLEAN
@@ -90,6 +90,17 @@ PyObject *kvr_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kvr_tiers(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* sweep.c */
 PyObject *kvr_sweep(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* proto.c: a class's prototype for rows() from a spec tuple (no Python ``make``) */
+#define KVR_MAX_GROUPS 64
+typedef struct {
+    PyObject *row_type, *fixed, *scores; /* borrowed from the spec */
+    Py_ssize_t w_h, w_hg, ngroups;
+    long long bs[KVR_MAX_GROUPS], wb[KVR_MAX_GROUPS];
+    int rule[KVR_MAX_GROUPS];
+    double w[3];
+} ProtoSpec;
+int kvr_spec_parse(PyObject *spec, ProtoSpec *s);
+PyObject *kvr_make_proto(const ProtoSpec *s, PyObject *key);
 /* rows.c */
 PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

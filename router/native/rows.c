@@ -6,7 +6,8 @@
  * found by testing its bit; members with equal values share a class, found through a
  * small hash table over the per-attr class indices (exact comparison, no key objects
  * per member). A class's prototype -- (hit, hit_gpu, score, group_rows) -- comes from
- * ``memo`` (keyed by the tuple of values) or ``make(key)``. Out: one row per member,
+ * ``memo`` (keyed by the tuple of values) or ``make``: a callable ``make(key)``, or a
+ * spec tuple the prototype is built from in C (proto.c). Out: one row per member,
  * row_type(wid, hit, hit_gpu, score, True, list(group_rows)), best first when
  * ``ordered`` (score, then hit, descending; ties in member order: a counting sort over
  * the classes), and the members whose prototype's score is None (the caller weighs
@@ -100,7 +101,7 @@ static int same_class(const Work *w, Py_ssize_t i, Py_ssize_t j) {
 }
 
 /* Fill w->cls and w->protos: one prototype per distinct class. */
-static int find_protos(Work *w, PyObject *memo, PyObject *make) {
+static int find_protos(Work *w, PyObject *memo, PyObject *make, const ProtoSpec *spec) {
     Py_ssize_t cap = 16;
     while (cap < 2 * w->n)
         cap *= 2;
@@ -142,7 +143,7 @@ static int find_protos(Work *w, PyObject *memo, PyObject *make) {
                 Py_DECREF(key);
                 goto end;
             }
-            proto = PyObject_CallOneArg(make, key);
+            proto = spec ? kvr_make_proto(spec, key) : PyObject_CallOneArg(make, key);
             if (proto == NULL || PyDict_SetItem(memo, key, proto) < 0) {
                 Py_XDECREF(proto);
                 Py_DECREF(key);
@@ -199,7 +200,7 @@ static Py_ssize_t rank_classes(const Work *w, Py_ssize_t *bucket) {
 PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError,
-                        "rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered)");
+                        "rows(row_type, wids, positions, attrs, nbytes, memo, make or spec, ordered)");
         return NULL;
     }
     PyObject *type = args[0], *memo = args[5], *make = args[6];
@@ -245,7 +246,12 @@ PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             goto end;
         }
     }
-    if (classify(&w, attrs, pos, nbytes) < 0 || find_protos(&w, memo, make) < 0)
+    ProtoSpec spec;
+    int has_spec = PyTuple_Check(make);
+    if (has_spec && kvr_spec_parse(make, &spec) < 0)
+        goto end;
+    if (classify(&w, attrs, pos, nbytes) < 0 ||
+        find_protos(&w, memo, make, has_spec ? &spec : NULL) < 0)
         goto end;
     Py_ssize_t nb = ordered ? rank_classes(&w, bucket) : 1;
     if (nb < 0)

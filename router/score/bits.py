@@ -34,14 +34,12 @@ import numpy as np
 
 from router import native
 from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
+from router.score.protos import Classes, Proto, labels, make_proto, proto_spec
 from router.score.rows import GroupRow, WorkerRow, sort_rows
 from router.score.rule import Plan
 from schemas.hit_rule import max_candidate
 
 ALL = -1  # every bit set: what an empty window (a hit ending at block 0) accepts
-Classes = dict[int, int]  # value (tokens) -> bitset of slots
-# A class of slots' (hit, hit_gpu, score or None, group rows).
-_Proto = tuple[int, int, float | None, list[GroupRow]]
 
 
 def prefix_classes(pa: list[int]) -> Classes:
@@ -326,45 +324,24 @@ def cohort_rows(
         (g, m.kind, m.block_size, where[2 + g], where[2 + g_n + g]) for g, m in enumerate(metas)
     ]
 
-    needed: dict[int, int] = {}  # hit -> the blocks it needs, every group
-
-    def make(key: tuple[int, ...]) -> _Proto:
-        """(hit, hit_gpu, score or None when offloaded blocks weigh in, group rows) of
-        one class of slots (``key``: its labels)."""
-        h, hg = key[w_h], key[w_hg]
-        rows = [GroupRow(g, kind, bs, True, key[a], key[b]) for g, kind, bs, a, b in fixed]
-        score: float | None = 0.0
-        if h > 0 and hg < h:  # the hit needs offloaded blocks: weights per worker
-            score = None
-        elif h > 0:  # every needed block on GPU: Scorer._weighted's float, once
-            count = needed.get(h)
-            if count is None:
-                count = 0
-                for bs, rule, wb in shapes:
-                    end = h // bs
-                    count += end if rule == "full" else min(end, wb) if rule == "sliding" else 1
-                needed[h] = count
-            total = count * wg + 0 * weight[2] + 0 * weight[4]
-            score = round(max(h * total / count if count else float(h), hg * wg), 3)
-        return h, hg, score, rows
-
-    memo: dict[tuple[int, ...], _Proto] = {}
+    spec = proto_spec(GroupRow, w_h, w_hg, fixed, shapes, weight)
+    memo: dict[tuple[int, ...], Proto] = {}
     if native.rows is not None:  # router/native: labels and rows in C, same answers
         # ``fetch_bits`` lists a cohort's members by id, so C's order by (score, hit),
         # ties in member order, is ``sort_rows``'s.
         wids = [wid for wid, _ in members]
         nbytes = (4 * nslots + 7) // 8
-        out, idx = native.rows(WorkerRow, wids, order, uniq, nbytes, memo, make, ordered)
+        out, idx = native.rows(WorkerRow, wids, order, uniq, nbytes, memo, spec, ordered)
         late = [(members[i], proto) for i, proto in idx]
     else:
         out = []
         late = []
-        per_slot = _labels(uniq, nslots, order)
+        per_slot = labels(uniq, nslots, order)
         for member, row in zip(members, per_slot, strict=True):
             key = tuple(row)
             got = memo.get(key)
             if got is None:
-                got = memo[key] = make(key)
+                got = memo[key] = make_proto(spec, key)
             if got[2] is None:
                 late.append((member, got))
             else:
@@ -381,24 +358,3 @@ def cohort_rows(
     if ordered and (mixed or native.rows is None):
         sort_rows(out)
     return out
-
-
-def _labels(attrs: list[Classes], nslots: int, order: list[int]) -> list[list[int]]:
-    """Per slot (``order``: their any-medium bit positions), its value in each of
-    ``attrs`` ({value: slots}): every bitset unpacked into one (bitsets x bits) 0/1
-    matrix in C; within an attribute exactly one bitset holds a slot, so its row is an
-    ``argmax``."""
-    width = (nslots + 1) // 2
-    bitsets = [b for a in attrs for b in a.values()]
-    raw = native.pack(bitsets, width)
-    bits = np.unpackbits(
-        np.frombuffer(raw, dtype=np.uint8).reshape(len(bitsets), width), axis=1, bitorder="little"
-    )[:, order]
-    out = np.empty((len(order), len(attrs)), dtype=np.int64)
-    r = 0
-    for i, a in enumerate(attrs):
-        values = np.fromiter(a, dtype=np.int64, count=len(a))
-        out[:, i] = values[bits[r : r + len(a)].argmax(axis=0)] if len(a) > 1 else values[0]
-        r += len(a)
-    labels: list[list[int]] = out.tolist()
-    return labels

@@ -11,7 +11,9 @@ import pytest
 
 from router import native
 from router.ingest.block_keys import chain_keys, root_digest
-from router.score.bits import _labels, prefix_classes
+from router.score.bits import prefix_classes
+from router.score.protos import labels as _labels
+from router.score.protos import make_proto, proto_spec
 from router.score.rows import GroupRow, WorkerRow, sort_rows
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="compiled core not built")
@@ -168,6 +170,49 @@ def test_rows_equal_the_python_loop() -> None:
         assert [(i, p[:3]) for i, p in mixed] == [(i, p[:3]) for i, p in want_mixed]
         assert len({id(r.groups) for r in got}) == len(got)  # no row shares a list
         assert len(memo) <= len(slots)
+
+
+def test_spec_prototypes_equal_make_proto() -> None:
+    """``rows`` given a spec builds each class's prototype in C (proto.c): hits, group
+    rows and the all-GPU score (float, rounded as Python rounds) equal to
+    ``make_proto``'s, on random keys, shapes and tier weights; offloaded hits unscored."""
+    rng = random.Random(9)
+    for trial in range(200):
+        g_n = rng.randrange(1, 4)
+        shapes = []
+        for _ in range(g_n):
+            bs = rng.choice([1, 16, 32, 48])
+            shapes.append((bs, rng.choice(["full", "sliding", "mamba"]), rng.randrange(1, 9)))
+        n_attrs = 2 + 2 * g_n
+        fixed = [
+            (g, rng.choice(["full_attention", None]), shapes[g][0], 2 + g, 2 + g_n + g)
+            for g in range(g_n)
+        ]
+        weight = [0.0] * 16
+        weight[1], weight[2], weight[4] = (rng.choice([1.0, 0.7, 1.3, 0.1]) for _ in range(3))
+        spec = proto_spec(GroupRow, 0, 1, fixed, shapes, weight)
+        nslots = rng.randrange(1, 40)
+        slots = list(range(nslots))
+        wids = [f"w{s:03d}" for s in slots]
+        order = [4 * s for s in slots]
+        attrs = []
+        for a in range(n_attrs):
+            classes: dict[int, int] = {}
+            for s in slots:
+                v = rng.randrange(0, 2000) if a != 1 else rng.choice([0, 48, 96, 2000])
+                classes[v] = classes.get(v, 0) | 1 << (4 * s)
+            attrs.append(classes)
+        memo: dict[tuple[int, ...], object] = {}
+        got, mixed = core.rows(
+            WorkerRow, wids, order, attrs, (4 * nslots + 7) // 8, memo, spec, trial % 2 == 0
+        )
+        ref = proto_spec(GroupRow, 0, 1, fixed, shapes, weight)
+        for key, proto in memo.items():
+            assert msgspec.json.encode(proto) == msgspec.json.encode(make_proto(ref, key))
+        assert spec[6] == ref[6]  # the all-GPU scores cached alike
+        assert len(got) + len(mixed) == nslots
+    with pytest.raises(TypeError):
+        core.rows(WorkerRow, ["w"], [0], [{0: 1}], 1, {}, (GroupRow, 0), False)
 
 
 def test_store_equals_the_python_store_loop() -> None:
