@@ -8,7 +8,7 @@ static PyMethodDef module_methods[] = {
      "chain(seed, tokens, block_size, n_blocks) -> keys | None"},
 #endif
     {"rows", (PyCFunction)(void (*)(void))kvr_rows, METH_FASTCALL,
-     "rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered) -> (rows, mixed)"},
+     "rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered[, late]) -> (rows, mixed)"},
     {"pack", (PyCFunction)(void (*)(void))kvr_pack, METH_FASTCALL,
      "pack(ints, width) -> their little-endian bytes, joined"},
     {"sweep", (PyCFunction)(void (*)(void))kvr_sweep, METH_FASTCALL,

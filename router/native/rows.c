@@ -11,7 +11,9 @@
  * row_type(wid, hit, hit_gpu, score, True, list(group_rows)), best first when
  * ``ordered`` (score, then hit, descending; ties in member order: a counting sort over
  * the classes), and the members whose prototype's score is None (the caller weighs
- * their offloaded blocks) as (index, prototype) pairs. */
+ * their offloaded blocks) as (index, prototype) pairs -- or, given ``late``, their
+ * scores from ``late(pairs)`` (a float each) and every row in one list, best first by
+ * (score, hit, member order) when ``ordered``. */
 #include "core.h"
 
 /* Best first among prototypes: score, then hit, descending (1 when a goes before b). */
@@ -196,14 +198,101 @@ static Py_ssize_t rank_classes(const Work *w, Py_ssize_t *bucket) {
     return err ? -1 : nb + 1;
 }
 
-/* rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered) -> (rows, mixed) */
+typedef struct {
+    double score;
+    long long hit;
+    Py_ssize_t j;
+} RowKey;
+
+/* Best first: score, then hit, descending; then member order (members come by id). */
+static int rowkey_cmp(const void *pa, const void *pb) {
+    const RowKey *a = pa, *b = pb;
+    if (a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    if (a->hit != b->hit)
+        return a->hit > b->hit ? -1 : 1;
+    return a->j < b->j ? -1 : a->j > b->j;
+}
+
+/* Every member's row, the mixed members' scores from ``late(mixed)`` (one float each,
+ * in order), best first when ``ordered`` (scores must not be NaN: the caller checks
+ * its weights). */
+static PyObject *rows_with_late(const Work *w, PyObject *type, PyObject *wids,
+                                PyObject *mixed, PyObject *late, int ordered) {
+    PyObject *scores = PyObject_CallOneArg(late, mixed), *sf = NULL, *built = NULL;
+    RowKey *keys = NULL;
+    if (scores == NULL)
+        return NULL;
+    sf = PySequence_Fast(scores, "late() returns a sequence");
+    Py_DECREF(scores);
+    if (sf == NULL)
+        return NULL;
+    if (PySequence_Fast_GET_SIZE(sf) != PyList_GET_SIZE(mixed)) {
+        PyErr_SetString(PyExc_ValueError, "late() returns one score per mixed member");
+        goto fail;
+    }
+    keys = PyMem_Malloc(((size_t)w->n + 1) * sizeof(RowKey));
+    built = PyList_New(w->n);
+    if (keys == NULL || built == NULL) {
+        if (keys == NULL)
+            PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t j = 0; j < w->n; j++) {
+        PyObject *proto = w->protos[w->cls[j]];
+        PyObject *score = PyTuple_GET_ITEM(proto, 2);
+        if (score == Py_None)
+            score = PySequence_Fast_GET_ITEM(sf, k++);
+        keys[j].score = PyFloat_AsDouble(score);
+        keys[j].hit = PyLong_AsLongLong(PyTuple_GET_ITEM(proto, 0));
+        keys[j].j = j;
+        if (PyErr_Occurred())
+            goto fail;
+        PyObject *groups = PySequence_List(PyTuple_GET_ITEM(proto, 3));
+        if (groups == NULL)
+            goto fail;
+        PyObject *argv[6] = {PySequence_Fast_GET_ITEM(wids, j), PyTuple_GET_ITEM(proto, 0),
+                             PyTuple_GET_ITEM(proto, 1), score, Py_True, groups};
+        PyObject *row = PyObject_Vectorcall(type, argv, 6, NULL);
+        Py_DECREF(groups);
+        if (row == NULL)
+            goto fail;
+        PyList_SET_ITEM(built, j, row);
+    }
+    if (ordered && w->n > 1) {
+        qsort(keys, (size_t)w->n, sizeof(RowKey), rowkey_cmp);
+        PyObject **items = ((PyListObject *)built)->ob_item, **tmp;
+        tmp = PyMem_Malloc((size_t)w->n * sizeof(PyObject *));
+        if (tmp == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t r = 0; r < w->n; r++)
+            tmp[r] = items[keys[r].j];
+        memcpy(items, tmp, (size_t)w->n * sizeof(PyObject *));
+        PyMem_Free(tmp);
+    }
+    PyMem_Free(keys);
+    Py_DECREF(sf);
+    return built;
+fail:
+    PyMem_Free(keys);
+    Py_XDECREF(built);
+    Py_DECREF(sf);
+    return NULL;
+}
+
+/* rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered[, late])
+ *   -> (rows, mixed) */
 PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError,
-                        "rows(row_type, wids, positions, attrs, nbytes, memo, make or spec, ordered)");
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "rows(row_type, wids, positions, attrs, nbytes, "
+                                         "memo, make or spec, ordered[, late])");
         return NULL;
     }
     PyObject *type = args[0], *memo = args[5], *make = args[6];
+    PyObject *late = nargs == 9 ? args[8] : Py_None;
     Py_ssize_t nbytes = PyLong_AsSsize_t(args[4]);
     int ordered = PyObject_IsTrue(args[7]);
     if ((nbytes == -1 && PyErr_Occurred()) || ordered < 0)
@@ -274,6 +363,15 @@ PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         }
         start[ordered ? bucket[w.cls[j]] : 0]++;
         nrows++;
+    }
+    if (late != Py_None && PyList_GET_SIZE(mixed) > 0) { /* scored by late(), all here */
+        built = rows_with_late(&w, type, wids, mixed, late, ordered);
+        if (built == NULL)
+            goto end;
+        Py_SETREF(mixed, PyList_New(0));
+        if (mixed != NULL)
+            res = PyTuple_Pack(2, built, mixed);
+        goto end;
     }
     Py_ssize_t acc = 0;
     for (Py_ssize_t b = 0; b < nb; b++) {

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import reduce
 from itertools import accumulate, chain, compress, islice, repeat, takewhile
+from math import isfinite
 from operator import and_, ne, or_
 
 import numpy as np
@@ -326,35 +327,41 @@ def cohort_rows(
 
     spec = proto_spec(GroupRow, w_h, w_hg, fixed, shapes, weight)
     memo: dict[tuple[int, ...], Proto] = {}
-    if native.rows is not None:  # router/native: labels and rows in C, same answers
-        # ``fetch_bits`` lists a cohort's members by id, so C's order by (score, hit),
-        # ties in member order, is ``sort_rows``'s.
-        wids = [wid for wid, _ in members]
-        nbytes = (4 * nslots + 7) // 8
-        out, idx = native.rows(WorkerRow, wids, order, uniq, nbytes, memo, spec, ordered)
-        late = [(members[i], proto) for i, proto in idx]
-    else:
-        out = []
-        late = []
-        per_slot = labels(uniq, nslots, order)
-        for member, row in zip(members, per_slot, strict=True):
-            key = tuple(row)
-            got = memo.get(key)
-            if got is None:
-                got = memo[key] = make_proto(spec, key)
-            if got[2] is None:
-                late.append((member, got))
-            else:
-                out.append(WorkerRow(member[0], got[0], got[1], got[2], True, list(got[3])))
-    append = out.append
-    mixed = [(wid, slot, h, hg, rows) for (wid, slot), (h, hg, _, rows) in late]
-    if mixed:  # the same float operations as ``Scorer._weighted``, for all at once
-        hits = [m[2] for m in mixed]
-        ng, nc, ns, cnt = _tier_counts(plan, vals, nslots, [m[1] for m in mixed], hits)
+
+    def weigh(late: list[tuple[int, Proto]]) -> list[float]:
+        """The scores of members (index, prototype) whose hits need offloaded blocks:
+        the same float operations as ``Scorer._weighted``, for all of them at once."""
+        hits = [p[0] for _, p in late]
+        slots = [members[i][1] for i, _ in late]
+        ng, nc, ns, cnt = _tier_counts(plan, vals, nslots, slots, hits)
         total = ng * wg + nc * weight[2] + ns * weight[4]
         fl = (np.asarray(hits) * total / np.maximum(cnt, 1)).tolist()
-        for (wid, _, h, hg, rows), f in zip(mixed, fl, strict=True):
-            append(WorkerRow(wid, h, hg, round(max(f, hg * wg), 3), True, list(rows)))
-    if ordered and (mixed or native.rows is None):
+        return [round(max(f, p[1] * wg), 3) for f, (_, p) in zip(fl, late, strict=True)]
+
+    if native.rows is not None:  # router/native: labels, rows and their order in C
+        # ``fetch_bits`` lists a cohort's members by id, so C's order by (score, hit),
+        # ties in member order, is ``sort_rows``'s (for scores that are not NaN).
+        wids = [wid for wid, _ in members]
+        nbytes = (4 * nslots + 7) // 8
+        in_c = ordered and all(map(isfinite, (wg, weight[2], weight[4])))
+        out, _ = native.rows(WorkerRow, wids, order, uniq, nbytes, memo, spec, in_c, weigh)
+        if ordered and not in_c:
+            sort_rows(out)
+        return out
+    out = []
+    late: list[tuple[int, Proto]] = []
+    for i, (member, row) in enumerate(zip(members, labels(uniq, nslots, order), strict=True)):
+        key = tuple(row)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = make_proto(spec, key)
+        if got[2] is None:
+            late.append((i, got))
+        else:
+            out.append(WorkerRow(member[0], got[0], got[1], got[2], True, list(got[3])))
+    if late:
+        for (i, (h, hg, _, rows)), score in zip(late, weigh(late), strict=True):
+            out.append(WorkerRow(members[i][0], h, hg, score, True, list(rows)))
+    if ordered:
         sort_rows(out)
     return out

@@ -172,6 +172,55 @@ def test_rows_equal_the_python_loop() -> None:
         assert len(memo) <= len(slots)
 
 
+def test_rows_with_late_scores_equal_sort_rows() -> None:
+    """Given ``late``, the unscored members' scores come from it (one call, members in
+    order) and every row comes back in one list, best first as ``sort_rows`` orders
+    them (members sorted by id), on random class layouts and scores with ties."""
+    rng = random.Random(5)
+    for trial in range(150):
+        nslots = rng.randrange(1, 120)
+        slots = list(range(nslots))
+        wids = [f"w{s:03d}" for s in slots]
+        order = [4 * s for s in slots]
+        attrs = []
+        for _ in range(3):
+            classes: dict[int, int] = {}
+            for s in slots:
+                v = rng.choice([0, 16, 32, 48])
+                classes[v] = classes.get(v, 0) | 1 << (4 * s)
+            attrs.append(classes)
+
+        def make(key: tuple[int, ...]) -> tuple[int, int, float | None, list[GroupRow]]:
+            h, hg = key[0], key[1]
+            score = None if hg < h else float(h)
+            return h, hg, score, [GroupRow(0, "full_attention", 16, True, h, hg)]
+
+        calls: list[list[int]] = []
+
+        def late(pairs: list[tuple[int, object]], calls: list[list[int]] = calls) -> list[float]:
+            calls.append([i for i, _ in pairs])
+            return [rng.choice([0.0, 8.0, 16.0, 40.0]) for _ in pairs]
+
+        ordered = trial % 3 != 0
+        nbytes = (4 * nslots + 7) // 8
+        got, mixed = core.rows(WorkerRow, wids, order, attrs, nbytes, {}, make, ordered, late)
+        assert mixed == []
+        labs = _labels(attrs, nslots, order)
+        late_idx = [i for i, lab in enumerate(labs) if lab[1] < lab[0]]
+        assert calls == ([late_idx] if late_idx else [])
+        assert len(got) == nslots
+        if ordered:
+            assert msgspec.json.encode(got) == msgspec.json.encode(sort_rows(list(got)))
+            keys = [(-r.score, -r.hit_tokens, r.worker_id) for r in got]
+            assert keys == sorted(keys)
+        else:
+            assert [r.worker_id for r in got] == wids
+        for r, lab in zip(sorted(got, key=lambda r: r.worker_id), labs, strict=True):
+            assert (r.hit_tokens, r.hit_tokens_gpu) == (lab[0], lab[1])
+            if lab[1] >= lab[0]:
+                assert r.score == float(lab[0])
+
+
 def test_spec_prototypes_equal_make_proto() -> None:
     """``rows`` given a spec builds each class's prototype in C (proto.c): hits, group
     rows and the all-GPU score (float, rounded as Python rounds) equal to
