@@ -302,8 +302,12 @@ def cohort_rows(
     if off:
         hit_g, own_g = _view(plan, vals, cands, joint, {}, top, off << 1)
         keep = cohort ^ off
-        hit_g = _merge(hit, keep, hit_g)
-        own_g = [_merge(a, keep, g) for a, g in zip(own, own_g, strict=True)]
+        if native.rows is not None:  # merged by the C row loop: (same, keep, gpu)
+            hit_g = (hit, keep, hit_g)  # type: ignore[assignment]
+            own_g = [(a, keep, g) for a, g in zip(own, own_g, strict=True)]  # type: ignore[misc]
+        else:
+            hit_g = _merge(hit, keep, hit_g)
+            own_g = [_merge(a, keep, g) for a, g in zip(own, own_g, strict=True)]
     else:
         hit_g, own_g = hit, own
     attrs = [hit, hit_g, *own, *own_g]

@@ -221,6 +221,41 @@ def test_rows_with_late_scores_equal_sort_rows() -> None:
                 assert r.score == float(lab[0])
 
 
+def test_merged_gpu_attrs_equal_merged_dicts() -> None:
+    """An attr given as (same, keep, gpu) -- the GPU view merged in C -- labels every
+    member as ``bits._merge``'s dict does: members in ``keep`` by ``same``, the others by
+    ``gpu`` (bitsets one bit above their positions)."""
+    from router.score.bits import _merge
+
+    rng = random.Random(6)
+    for _ in range(150):
+        nslots = rng.randrange(1, 140)
+        slots = rng.sample(range(nslots), k=rng.randrange(1, nslots + 1))
+        slots.sort()
+        wids = [f"w{s:03d}" for s in slots]
+        order = [4 * s for s in slots]
+        keep = sum(1 << (4 * s) for s in slots if rng.random() < 0.5)
+        same: dict[int, int] = {}
+        gpu: dict[int, int] = {}
+        for s in slots:
+            v = rng.choice([0, 16, 32, 48, 64])
+            same[v] = same.get(v, 0) | 1 << (4 * s)
+            if not keep >> (4 * s) & 1:
+                v = rng.choice([0, 16, 32])
+                gpu[v] = gpu.get(v, 0) | 1 << (4 * s + 1)
+
+        def make(key: tuple[int, ...]) -> tuple[int, int, float | None, list[GroupRow]]:
+            return key[0], key[1], float(key[1]), []
+
+        nbytes = (4 * nslots + 7) // 8
+        got, _ = core.rows(WorkerRow, wids, order, [same, (same, keep, gpu)], nbytes, {}, make, 0)
+        merged = _merge(same, keep, gpu)
+        want, _ = core.rows(WorkerRow, wids, order, [same, merged], nbytes, {}, make, 0)
+        assert msgspec.json.encode(got) == msgspec.json.encode(want)
+        labs = _labels([same, merged], nslots, order)
+        assert [(r.hit_tokens, r.hit_tokens_gpu) for r in got] == [tuple(x) for x in labs]
+
+
 def test_spec_prototypes_equal_make_proto() -> None:
     """``rows`` given a spec builds each class's prototype in C (proto.c): hits, group
     rows and the all-GPU score (float, rounded as Python rounds) equal to
