@@ -24,6 +24,7 @@ _SOURCES = (
     "proto",
     "pack",
     "sweep",
+    "window",
 )
 
 

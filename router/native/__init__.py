@@ -36,13 +36,14 @@ rows: Callable[..., tuple[list[Any], list[tuple[int, Any]]]] | None = None
 _pack: Callable[[Sequence[int], int], bytes] | None = None
 tiers: Callable[..., tuple[list[int], list[int]]] | None = None
 sweep: Callable[[list[tuple[int, int]], list[int], int], dict[int, int]] | None = None
+windows: Callable[[list[int], int], list[int]] | None = None
 ACTIVE = "python"
 
 
 def set_active(on: bool) -> str:
     """Use the compiled core (when built) or the pure-Python paths from now on; returns
     ``ACTIVE``. Tables already made keep their type (both answer alike)."""
-    global U64Map, chain, rows, _pack, tiers, sweep, ACTIVE
+    global U64Map, chain, rows, _pack, tiers, sweep, windows, ACTIVE
     core = _core if on else None
     U64Map = getattr(core, "U64Map", None)
     chain = getattr(core, "chain", None)
@@ -50,6 +51,7 @@ def set_active(on: bool) -> str:
     _pack = getattr(core, "pack", None)
     tiers = getattr(core, "tiers", None)
     sweep = getattr(core, "sweep", None)
+    windows = getattr(core, "windows", None)
     ACTIVE = "python" if core is None else "native" if chain is not None else "native-nohash"
     return ACTIVE
 

@@ -13,6 +13,8 @@ static PyMethodDef module_methods[] = {
      "pack(ints, width) -> their little-endian bytes, joined"},
     {"sweep", (PyCFunction)(void (*)(void))kvr_sweep, METH_FASTCALL,
      "sweep(order, cand, step) -> {candidate tokens: slots}"},
+    {"windows", (PyCFunction)(void (*)(void))kvr_windows, METH_FASTCALL,
+     "windows(vals, width) -> [-1, AND of each window ending at block 1..len(vals)]"},
     {"tiers", (PyCFunction)(void (*)(void))kvr_tiers, METH_FASTCALL,
      "tiers(vals, starts, ends, positions) -> (on GPU, on CPU only) per slot"},
     {NULL, NULL, 0, NULL},

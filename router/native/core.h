@@ -1,7 +1,7 @@
 /* Shared declarations of kvroute's compiled core (router/native/__init__.py: why, and
  * the fallback). One extension module, ``router.native._core``, from these sources:
  * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), chain.c (block keys), rows.c (the
- * scorer's per-worker rows), proto.c (a class's prototype), sweep.c (the rule's candidate sweep), pack.c (bitset bytes), _core.c (the module). */
+ * scorer's per-worker rows), proto.c (a class's prototype), sweep.c (the rule's candidate sweep), window.c (sliding-window ANDs), pack.c (bitset bytes), _core.c (the module). */
 #ifndef KVR_CORE_H
 #define KVR_CORE_H
 #define PY_SSIZE_T_CLEAN
@@ -88,6 +88,8 @@ PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 int kvr_int_bytes(PyObject *v, unsigned char *buf, Py_ssize_t n);
 PyObject *kvr_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kvr_tiers(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* window.c */
+PyObject *kvr_windows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* sweep.c */
 PyObject *kvr_sweep(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* proto.c: a class's prototype for rows() from a spec tuple (no Python ``make``) */

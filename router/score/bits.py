@@ -61,6 +61,8 @@ def accepts(vals: list[int], rule: str, width: int) -> list[int]:
     ``accumulate`` / ``map``: O(blocks), no Python loop."""
     if rule == "mamba":
         return [ALL, *vals]
+    if native.windows is not None:  # router/native: the same ANDs, operands reused
+        return native.windows(vals, width)
     n, w = len(vals), width
     parts = [vals[s : s + w] for s in range(0, n, w)]
     pre = list(chain.from_iterable(accumulate(c, and_) for c in parts))

@@ -256,6 +256,27 @@ def test_merged_gpu_attrs_equal_merged_dicts() -> None:
         assert [(r.hit_tokens, r.hit_tokens_gpu) for r in got] == [tuple(x) for x in labs]
 
 
+def test_windows_equal_the_python_accepts(python_core: None) -> None:
+    """``windows``: every sliding window's AND as ``bits.accepts`` computes it, on random
+    bitsets where most blocks are held by the same or nested sets of slots (the operand
+    handed back) and some by unrelated ones, every window width and length."""
+    from router.score.bits import accepts
+
+    rng = random.Random(8)
+    for _ in range(300):
+        slots = rng.randrange(1, 300)
+        base = rng.getrandbits(slots)
+        vals = []
+        for _ in range(rng.randrange(0, 60)):
+            r = rng.random()
+            v = base if r < 0.4 else base & rng.getrandbits(slots) if r < 0.7 else 0
+            vals.append(v if r < 0.9 else rng.getrandbits(slots))
+        width = rng.randrange(1, 20)
+        assert core.windows(vals, width) == accepts(vals, "sliding", width)
+    with pytest.raises(ValueError):
+        core.windows([1], 0)
+
+
 def test_spec_prototypes_equal_make_proto() -> None:
     """``rows`` given a spec builds each class's prototype in C (proto.c): hits, group
     rows and the all-GPU score (float, rounded as Python rounds) equal to
