@@ -38,6 +38,7 @@ from router.index.base import GPU_BIT, Bits, BlockKey, GroupMeta
 from router.score.protos import Classes, Proto, labels, make_proto, proto_spec
 from router.score.rows import GroupRow, WorkerRow, sort_rows
 from router.score.rule import Plan
+from router.score.tiers import tier_counts, weigh_native
 from schemas.hit_rule import max_candidate
 
 ALL = -1  # every bit set: what an empty window (a hit ending at block 0) accepts
@@ -179,67 +180,6 @@ def _merge(same: Classes, keep: int, gpu: Classes) -> Classes:
     return out
 
 
-def _tier_counts(
-    plan: Plan, vals: dict[int, list[int]], nslots: int, slots: list[int], hits: list[int]
-) -> tuple[np.ndarray, ...]:
-    """Per slot, the blocks its hit needs (every group) by best tier: (GPU, CPU only,
-    STORAGE only, all) -- what ``Scorer._weighted`` counts, for every offloaded slot at
-    once: the groups' needed blocks in one matrix of only the bytes holding those slots'
-    bits, counts by prefix sums. Every needed block is cached (the hit was accepted),
-    so STORAGE only is the rest."""
-    m = len(slots)
-    p = np.asarray(hits, dtype=np.int64)
-    idx = np.asarray(slots, dtype=np.int64)
-    ranges = []
-    parts: list[int] = []
-    if native.tiers is not None:  # router/native: counted on the ints, no byte rows
-        for bs, rule, wb in plan.shapes:
-            end = p // bs
-            ranges.append((_start(end, rule, wb), end))
-        count = sum(e - b for b, e in ranges)
-        ng, nc = native.tiers(
-            [vals[g] for g in range(len(ranges))],
-            [b.tolist() for b, _ in ranges],
-            [e.tolist() for _, e in ranges],
-            (4 * idx).tolist(),
-        )
-        n_gpu, n_cpu = np.asarray(ng, dtype=np.int64), np.asarray(nc, dtype=np.int64)
-        return n_gpu, n_cpu, count - n_gpu - n_cpu, count
-    for g, (bs, rule, wb) in enumerate(plan.shapes):
-        end = p // bs
-        start = _start(end, rule, wb)
-        off = len(parts)
-        parts += vals[g][: int(end.max())]
-        ranges.append((start + off, end + off))
-    count = sum(e - b for b, e in ranges)
-    if not parts:
-        zero = np.zeros(m, dtype=np.int64)
-        return zero, zero, count, count
-    width = (nslots + 1) // 2  # two slots per byte
-    raw = native.pack(parts, width)
-    rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(parts), width)
-    nib = 4 * (idx % 2)
-    shift = np.concatenate([nib + 1, nib + 2]).astype(np.uint8)  # GPU, CPU bits
-    gc = (rows[:, np.tile(idx // 2, 2)] >> shift) & 1
-    gc[:, m:] &= 1 - gc[:, :m]  # CPU only
-    cs = np.zeros((len(parts) + 1, 2 * m), dtype=np.int32)
-    np.cumsum(gc, axis=0, out=cs[1:])
-    cols = np.arange(2 * m)
-    got = sum(cs[np.tile(e, 2), cols] - cs[np.tile(b, 2), cols] for b, e in ranges)
-    n_gpu, n_cpu = got[:m].astype(np.int64), got[m:].astype(np.int64)
-    return n_gpu, n_cpu, count - n_gpu - n_cpu, count
-
-
-def _start(end: np.ndarray, rule: str, wb: int) -> np.ndarray:
-    """Where each slot's needed blocks of a group start (its hit's blocks end at ``end``):
-    every block for full attention, the window for sliding, the last block for mamba."""
-    if rule == "full":
-        return np.zeros(len(end), dtype=np.int64)
-    if rule == "sliding":
-        return np.maximum(end - wb, 0)
-    return np.maximum(end - 1, 0)
-
-
 def cohort_rows(
     plan: Plan,
     metas: tuple[GroupMeta, ...],
@@ -339,7 +279,9 @@ def cohort_rows(
         the same float operations as ``Scorer._weighted``, for all of them at once."""
         hits = [p[0] for _, p in late]
         slots = [members[i][1] for i, _ in late]
-        ng, nc, ns, cnt = _tier_counts(plan, vals, nslots, slots, hits)
+        if native.tiers is not None:  # a few workers: lists beat numpy's calls
+            return weigh_native(plan, vals, slots, late, weight)
+        ng, nc, ns, cnt = tier_counts(plan, vals, nslots, slots, hits)
         total = ng * wg + nc * weight[2] + ns * weight[4]
         fl = (np.asarray(hits) * total / np.maximum(cnt, 1)).tolist()
         return [round(max(f, p[1] * wg), 3) for f, (_, p) in zip(fl, late, strict=True)]

@@ -427,7 +427,7 @@ def test_remove_equals_the_python_remove_loop() -> None:
 
 def test_tiers_equal_the_python_count() -> None:
     """``tiers``: per slot, blocks of its ranges on GPU and on CPU only, read from the
-    bitset ints as ``router.score.bits._tier_counts``'s byte rows count them."""
+    bitset ints as ``router.score.tiers.tier_counts``'s byte rows count them."""
     rng = random.Random(8)
     for _ in range(50):
         nslots, groups = rng.randrange(1, 80), rng.randrange(1, 3)
