@@ -21,6 +21,7 @@ _SOURCES = (
     "map_store",
     "chain",
     "rows",
+    "rows_classify",
     "proto",
     "pack",
     "sweep",
@@ -62,7 +63,7 @@ def _extensions() -> list[Extension]:
         Extension(
             "router.native._core",
             sources=[f"router/native/{name}.c" for name in _SOURCES],
-            depends=["router/native/core.h"],
+            depends=["router/native/core.h", "router/native/rows.h"],
             define_macros=[("KVR_XXHASH", "1")] if xx else [],
             libraries=["xxhash"] if xx else [],
             extra_compile_args=["-O3"],

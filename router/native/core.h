@@ -1,7 +1,7 @@
 /* Shared declarations of kvroute's compiled core (router/native/__init__.py: why, and
  * the fallback). One extension module, ``router.native._core``, from these sources:
  * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), chain.c (block keys), rows.c (the
- * scorer's per-worker rows), proto.c (a class's prototype), sweep.c (the rule's candidate sweep), window.c (sliding-window ANDs), pack.c (bitset bytes), _core.c (the module). */
+ * scorer's per-worker rows), rows_classify.c (its classes), proto.c (a class's prototype), sweep.c (the rule's candidate sweep), window.c (sliding-window ANDs), pack.c (bitset bytes), _core.c (the module). */
 #ifndef KVR_CORE_H
 #define KVR_CORE_H
 #define PY_SSIZE_T_CLEAN
