@@ -59,6 +59,10 @@ class WorkerLoad:
     tokens: float = 0.0
 
 
+# What ``InflightTable.loads_for`` answers for a worker with nothing in flight.
+_IDLE = WorkerLoad()
+
+
 class InflightTable:
     """In-flight requests per worker, with a TTL so lost finishes cannot leak load.
 
@@ -187,6 +191,25 @@ class InflightTable:
             load.requests, load.prefill_backlog, load.decode_tokens, load.updated, load.tokens
         )
 
+    def loads_for(self, worker_ids: Sequence[str], now: float) -> list[WorkerLoad]:
+        """Each worker's live load record, drained up to ``now`` -- one shared all-zero
+        record for idle workers (most of a large fleet). Read them, never mutate them:
+        unlike :meth:`load` these are not copies (one per worker per request was the
+        routing path's largest allocation)."""
+        loads = self._loads
+        idle = _IDLE
+        drain = self.prefill_tps > 0
+        out: list[WorkerLoad] = []
+        for w in worker_ids:
+            load = loads.get(w)
+            if load is None:
+                out.append(idle)
+                continue
+            if drain:
+                self._drain(load, now)
+            out.append(load)
+        return out
+
     def requests_by_worker(self) -> dict[str, int]:
         return {w: load.requests for w, load in self._loads.items()}
 
@@ -302,25 +325,35 @@ class RoutingCore:
         cap = max(n - 1, 0)
         engines = engines or {}
         unknown = EngineStats()
-        speeds = self.speeds.relative([s.worker_id for s in scores])
+        ids = [s.worker_id for s in scores]
+        speeds = self.speeds.relative(ids)
+        loads = self.inflight.loads_for(ids, now)
+        # Head progress is 0 unless enabled and the backlog leaves at first tokens.
+        progress = self._head_progress if self._head_progress_on() else None
+        recent = self.recent
         views = []
-        for s in scores:
-            load = self.inflight.load(s.worker_id, now)
-            backlog = load.prefill_backlog - self._head_progress(s.worker_id, now)
+        # Positional arguments, in WorkerView's field order: 64 views a request at 64
+        # workers, and keywords cost more than the fields' work.
+        for s, load in zip(scores, loads, strict=True):
+            w = s.worker_id
+            backlog = load.prefill_backlog
+            if progress is not None:
+                backlog -= progress(w, now)
+            p = predicted.get(w, 0) if predicted else 0
             views.append(
                 WorkerView(
-                    worker_id=s.worker_id,
-                    hit_tokens=s.hit_tokens,
-                    hit_tokens_gpu=s.hit_tokens_gpu,
-                    score=float(s.score),
-                    predicted_tokens=min(predicted.get(s.worker_id, 0), cap),
-                    inflight=load.requests,
-                    prefill_backlog=backlog,
-                    inflight_decode=load.decode_tokens,
-                    inflight_tokens=load.tokens,
-                    speed=speeds[s.worker_id],
-                    recent_tokens=self.recent.get(s.worker_id, 0.0),
-                    engine=engines.get(s.worker_id, unknown),
+                    w,
+                    s.hit_tokens,
+                    s.hit_tokens_gpu,
+                    float(s.score),
+                    p if p < cap else cap,
+                    load.requests,
+                    backlog,
+                    load.decode_tokens,
+                    load.tokens,
+                    speeds[w],
+                    recent.get(w, 0.0),
+                    engines.get(w, unknown),
                 )
             )
         request = RouteInput(n, hot, self.config.prefix_block_tokens, self.routed_total)
@@ -358,15 +391,18 @@ class RoutingCore:
         where the backlog leaves at first tokens (``prefill_tps`` 0): a long prompt that
         is nearly prefilled no longer counts in full, so a session does not leave its
         cache to dodge a wait that is almost over."""
-        share = self.config.weights.head_progress
-        if share <= 0 or self.config.prefill_tps > 0:
+        if not self._head_progress_on():
             return 0.0
+        share = self.config.weights.head_progress
         head = self.inflight.prefill_head(worker_id)
         if head is None:
             return 0.0
         start = max(head.dispatched, self.speeds.last_first_token(worker_id))
         done = max(0.0, now - start) * self.speeds.tps(worker_id)
         return share * min(head.prefill_tokens, done)
+
+    def _head_progress_on(self) -> bool:
+        return self.config.weights.head_progress > 0 and self.config.prefill_tps <= 0
 
     def _count_recent(self, worker_id: str, tokens: int, workers: int) -> None:
         """Decay every worker's recent tokens by one routed request's step (a window of
