@@ -137,7 +137,7 @@ class KvAwarePolicy(Policy):
         limit = (1.0 + weights.balance_slack) * mean + weights.balance_floor
         n = request.request_tokens
         ctx = weights.context_tokens
-        fair = sum(v.recent_tokens for v in views) / len(views)
+        fair = sum([v.recent_tokens for v in views]) / len(views)
         prior = share_prior_tokens(request, len(views), weights)
         # The weights in locals and the hot discount only where there is a hot prefix:
         # this loop runs for every worker on every request (same arithmetic as the

@@ -59,6 +59,8 @@ class WorkerLoad:
     tokens: float = 0.0
 
 
+# What the views say about an engine that reported nothing (frozen: one for all).
+_UNKNOWN_ENGINE = EngineStats()
 # What ``InflightTable.loads_for`` answers for a worker with nothing in flight.
 _IDLE = WorkerLoad()
 
@@ -323,8 +325,7 @@ class RoutingCore:
         predicted = self.memory.predicted(keys, now) if keys else {}
         hot = self.memory.hot_tokens(keys, weights.hot_fraction) if keys else 0
         cap = max(n - 1, 0)
-        engines = engines or {}
-        unknown = EngineStats()
+        unknown = _UNKNOWN_ENGINE
         ids = [s.worker_id for s in scores]
         speeds = self.speeds.relative(ids)
         loads = self.inflight.loads_for(ids, now)
@@ -353,7 +354,7 @@ class RoutingCore:
                     load.tokens,
                     speeds[w],
                     recent.get(w, 0.0),
-                    engines.get(w, unknown),
+                    engines.get(w, unknown) if engines else unknown,
                 )
             )
         request = RouteInput(n, hot, self.config.prefix_block_tokens, self.routed_total)
