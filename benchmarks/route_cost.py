@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
+import importlib.abc
 import importlib.util
 import itertools
 import pstats
@@ -37,7 +39,6 @@ sys.path.insert(0, str(REPO))
 
 # main when this benchmark was written, before the round-3c speed-ups (issue 16).
 DEFAULT_BEFORE = "065c969"
-MODULES = ("base", "anchors", "policy", "prefix_memory", "speed", "state")
 
 
 @dataclass(slots=True)
@@ -48,26 +49,40 @@ class Score:
     score: float = 0.0
 
 
-def load_before(ref: str) -> ModuleType:
-    """``router.routing.state`` as of ``ref``, as module ``_route_before.state``."""
-    pkg = ModuleType("_route_before")
-    pkg.__path__ = []
-    sys.modules["_route_before"] = pkg
-    for name in MODULES:
+class _GitFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``_route_before.X`` from ``git show REF:router/routing/X.py`` (its
+    ``router.routing.`` imports renamed), so any ref's module layout loads."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+
+    def find_spec(self, name: str, path: object, target: object = None) -> Any:
+        if not name.startswith("_route_before."):
+            return None
+        return importlib.util.spec_from_loader(name, self)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        leaf = module.__name__.rsplit(".", 1)[1]
         src = subprocess.run(
-            ["git", "show", f"{ref}:router/routing/{name}.py"],
+            ["git", "show", f"{self.ref}:router/routing/{leaf}.py"],
             cwd=REPO,
             check=True,
             capture_output=True,
             text=True,
         ).stdout.replace("router.routing.", "_route_before.")
-        spec = importlib.util.spec_from_loader(f"_route_before.{name}", loader=None)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        exec(compile(src, f"{ref}:router/routing/{name}.py", "exec"), module.__dict__)
-        setattr(pkg, name, module)
-    return sys.modules["_route_before.state"]
+        exec(compile(src, f"{self.ref}:router/routing/{leaf}.py", "exec"), module.__dict__)
+
+
+def load_before(ref: str) -> ModuleType:
+    """``router.routing.state`` as of ``ref``, as module ``_route_before.state``."""
+    pkg = ModuleType("_route_before")
+    pkg.__path__ = []
+    sys.modules["_route_before"] = pkg
+    sys.meta_path.insert(0, _GitFinder(ref))
+    return importlib.import_module("_route_before.state")
 
 
 def workload(workers: int, requests: int, seed: int = 1) -> list[tuple[list[int], list[Score]]]:
