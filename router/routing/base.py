@@ -187,7 +187,9 @@ class Policy:
         weights: PolicyWeights,
         rng: random.Random,
     ) -> Choice:
-        loads = [worker_load(v, weights) for v in views]
+        # worker_load inlined (same arithmetic): it runs for every worker every request.
+        b, d, h = weights.backlog, weights.decode, weights.held
+        loads = [b * v.prefill_backlog + d * v.inflight + h * v.inflight_tokens for v in views]
         costs = self.costs(request, views, loads, weights)
         return Choice(self.pick(views, costs, rng), loads, costs)
 

@@ -137,26 +137,47 @@ class KvAwarePolicy(Policy):
         limit = (1.0 + weights.balance_slack) * mean + weights.balance_floor
         n = request.request_tokens
         ctx = weights.context_tokens
-        fair = sum(v.recent_tokens for v in views) / len(views)
+        fair = sum([v.recent_tokens for v in views]) / len(views)
         prior = share_prior_tokens(request, len(views), weights)
+        # The weights in locals and the hot discount only where there is a hot prefix:
+        # this loop runs for every worker on every request (same arithmetic as the
+        # module docstring's formula, term by term, so decisions do not move).
+        hot = float(request.hot_tokens)
+        discount = weights.hot_discount
+        discounting = request.hot_tokens > 0 and discount < 1.0
+        prefill, backlog_w, over, knee = (
+            weights.prefill,
+            weights.backlog,
+            weights.backlog_over,
+            weights.knee,
+        )
+        decode_w, held = weights.decode, weights.held
+        sharing = weights.share > 0 and fair > 0
+        share_n = weights.share * n
+        over_fair = fair + prior
         costs: list[float] = []
+        append = costs.append
         for view, load in zip(views, loads, strict=True):
             affinity = 0.0
             if load <= limit:
-                affinity = max(view.score, float(view.predicted_tokens))
-                affinity = discount_hot(affinity, request.hot_tokens, weights.hot_discount)
+                affinity = view.score
+                predicted = float(view.predicted_tokens)
+                if predicted > affinity:
+                    affinity = predicted
+                if discounting:
+                    in_hot = hot if hot < affinity else affinity
+                    affinity = (affinity - in_hot) + discount * in_hot
             miss = n - affinity
             if ctx > 0:  # attention over the context: long prompts cost super-linearly
                 miss *= 1.0 + (affinity + miss / 2) / ctx
             speed = view.speed if view.speed > 0 else 1.0
-            queue = weights.backlog * view.prefill_backlog
-            if weights.backlog_over > 0:  # a backlog past the knee (a long prompt) repels
-                queue += weights.backlog_over * max(0.0, view.prefill_backlog - weights.knee)
-            decode = weights.decode * view.inflight + weights.held * view.inflight_tokens
-            if weights.share > 0 and fair > 0:
-                spread = (view.recent_tokens - fair) / (fair + prior)
-                decode += weights.share * n * spread
-            costs.append((weights.prefill * miss + queue) / speed + decode)
+            queue = backlog_w * view.prefill_backlog
+            if over > 0:  # a backlog past the knee (a long prompt) repels
+                queue += over * max(0.0, view.prefill_backlog - knee)
+            decode = decode_w * view.inflight + held * view.inflight_tokens
+            if sharing:
+                decode += share_n * ((view.recent_tokens - fair) / over_fair)
+            append((prefill * miss + queue) / speed + decode)
         return costs
 
 

@@ -41,6 +41,10 @@ class SpeedEstimator:
         self.min_tokens = min_tokens
         self.min_samples = min_samples
         self._workers: dict[str, _Worker] = {}
+        # ``relative`` is asked every request and changes only when a speed is learned:
+        # its last answer, valid while ``_version`` and the worker list are unchanged.
+        self._version = 0
+        self._relative: tuple[int, tuple[str, ...], float, dict[str, float]] | None = None
 
     def observe(self, worker_id: str, dispatched: float, first_token: float, tokens: float) -> None:
         w = self._workers.get(worker_id)
@@ -55,6 +59,8 @@ class SpeedEstimator:
         w.tokens += a * (tokens - w.tokens)
         w.seconds += a * (elapsed - w.seconds)
         w.samples += 1
+        if w.samples >= self.min_samples:  # below it tps() is nominal: nothing changed
+            self._version += 1
 
     def tps(self, worker_id: str) -> float:
         w = self._workers.get(worker_id)
@@ -73,7 +79,22 @@ class SpeedEstimator:
     def relative(self, worker_ids: Sequence[str], dead_band: float = 0.35) -> dict[str, float]:
         """Each worker's speed over the fleet's mean, clamped to [1/4, 4]; within
         ``dead_band`` of 1.0 it is 1.0 (a homogeneous fleet's sampling noise, and the
-        decode interleaving that load already accounts for, must not steer placement)."""
+        decode interleaving that load already accounts for, must not steer placement).
+        The dict is shared between calls until a speed changes: read it, never mutate it."""
+        key = tuple(worker_ids)
+        cached = self._relative
+        if (
+            cached is not None
+            and cached[0] == self._version
+            and cached[2] == dead_band
+            and cached[1] == key
+        ):
+            return cached[3]
+        out = self._compute_relative(key, dead_band)
+        self._relative = (self._version, key, dead_band, out)
+        return out
+
+    def _compute_relative(self, worker_ids: Sequence[str], dead_band: float) -> dict[str, float]:
         tps = [self.tps(w) for w in worker_ids]
         mean = sum(tps) / len(tps) if tps else 1.0
         out: dict[str, float] = {}
@@ -83,4 +104,5 @@ class SpeedEstimator:
         return out
 
     def forget(self, worker_id: str) -> None:
-        self._workers.pop(worker_id, None)
+        if self._workers.pop(worker_id, None) is not None:
+            self._version += 1

@@ -1,7 +1,7 @@
 """The router's routing state and the one entry point that turns scores into decisions.
 
-* :class:`InflightTable` -- a request counts as load on its worker from dispatch until
-  it is finished or its TTL passes (expired lazily, on every call, in deadline order).
+* :class:`InflightTable` (:mod:`router.routing.inflight`, re-exported) -- a request
+  counts as load on its worker from dispatch until it is finished or its TTL passes.
 * :class:`PrefixMemory` -- short-lived *predicted* entries (prefix -> chosen worker) so a
   burst of siblings sharing a new prefix lands together before the engine's events
   arrive, and a sliding window of recent prefixes to detect hot ones (system prompts).
@@ -11,14 +11,14 @@
 
 from __future__ import annotations
 
-import heapq
 import random
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from router.routing.inflight import DuplicateRequestError, Inflight, InflightTable, WorkerLoad
 from router.routing.policy import (
     DEFAULT_POLICY,
     EngineStats,
@@ -31,164 +31,20 @@ from router.routing.policy import (
 from router.routing.prefix_memory import PrefixMemory
 from router.routing.speed import SpeedEstimator
 
+__all__ = [
+    "Decision",
+    "DuplicateRequestError",
+    "Inflight",
+    "InflightTable",
+    "PrefixMemory",
+    "RoutingConfig",
+    "RoutingCore",
+    "ScoreLike",
+    "WorkerLoad",
+]
 
-class DuplicateRequestError(KeyError):
-    """A request id that is still in flight was dispatched again."""
-
-
-@dataclass(slots=True)
-class Inflight:
-    request_id: str
-    worker_id: str
-    deadline: float
-    prefill_tokens: float
-    decode_tokens: float
-    tokens: float = 0.0  # prompt tokens (blocks held while it runs)
-    dispatched: float = 0.0
-
-
-@dataclass(slots=True)
-class WorkerLoad:
-    """A worker's load as the router sees it. ``prefill_backlog`` is the uncached prompt
-    tokens dispatched to it that it has not prefilled yet (a fluid estimate)."""
-
-    requests: int = 0
-    prefill_backlog: float = 0.0
-    decode_tokens: float = 0.0
-    updated: float = 0.0
-    tokens: float = 0.0
-
-
-class InflightTable:
-    """In-flight requests per worker, with a TTL so lost finishes cannot leak load.
-
-    Prefill backlog: each dispatch adds its uncached tokens; with ``prefill_tps > 0`` the
-    backlog drains at that rate (the router's estimate of a worker's prefill speed), so a
-    request that is long past its prefill -- decoding -- stops counting as prefill work
-    without the engine telling the router. With ``prefill_tps == 0`` it drains only when
-    requests finish. The backlog is zero whenever nothing is in flight.
-    """
-
-    def __init__(self, ttl: float = 120.0, prefill_tps: float = 0.0) -> None:
-        if ttl <= 0:
-            raise ValueError("ttl must be positive")
-        if prefill_tps < 0:
-            raise ValueError("prefill_tps must be >= 0")
-        self.ttl = ttl
-        self.prefill_tps = prefill_tps
-        self.expired = 0
-        self._items: dict[str, Inflight] = {}
-        # Per worker, requests whose prefill has not ended, in dispatch order (lazy).
-        self._prefilling: dict[str, deque[Inflight]] = {}
-        self._loads: dict[str, WorkerLoad] = {}
-        self._deadlines: list[tuple[float, str]] = []
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._items
-
-    def _drain(self, load: WorkerLoad, now: float) -> None:
-        if self.prefill_tps > 0 and now > load.updated:
-            done = (now - load.updated) * self.prefill_tps
-            load.prefill_backlog = max(0.0, load.prefill_backlog - done)
-            load.updated = now
-
-    def add(
-        self,
-        request_id: str,
-        worker_id: str,
-        now: float,
-        prefill_tokens: float = 0.0,
-        decode_tokens: float = 0.0,
-        tokens: float = 0.0,
-    ) -> Inflight:
-        if request_id in self._items:
-            raise DuplicateRequestError(request_id)
-        item = Inflight(
-            request_id, worker_id, now + self.ttl, prefill_tokens, decode_tokens, tokens, now
-        )
-        self._items[request_id] = item
-        load = self._loads.get(worker_id)
-        if load is None:
-            load = self._loads[worker_id] = WorkerLoad(updated=now)
-        self._drain(load, now)
-        load.requests += 1
-        load.prefill_backlog += prefill_tokens
-        if prefill_tokens > 0:
-            self._prefilling.setdefault(worker_id, deque()).append(item)
-        load.decode_tokens += decode_tokens
-        load.tokens += tokens
-        heapq.heappush(self._deadlines, (item.deadline, request_id))
-        return item
-
-    def finish(self, request_id: str) -> Inflight | None:
-        """Remove a request; None when it is unknown (never dispatched, or expired)."""
-        item = self._items.pop(request_id, None)
-        if item is None:
-            return None
-        load = self._loads[item.worker_id]
-        load.requests -= 1
-        if load.requests == 0:
-            del self._loads[item.worker_id]  # also resets float drift
-            return item
-        load.decode_tokens -= item.decode_tokens
-        load.tokens -= item.tokens
-        if self.prefill_tps == 0:
-            load.prefill_backlog -= item.prefill_tokens
-        return item
-
-    def get(self, request_id: str) -> Inflight | None:
-        return self._items.get(request_id)
-
-    def first_token(self, request_id: str) -> Inflight | None:
-        """Prefill is over (the engine streamed a token): the request's uncached tokens
-        leave its worker's backlog now rather than when it finishes."""
-        item = self._items.get(request_id)
-        if item is None or item.prefill_tokens == 0:
-            return item
-        load = self._loads[item.worker_id]
-        load.prefill_backlog = max(0.0, load.prefill_backlog - item.prefill_tokens)
-        item.prefill_tokens = 0.0
-        return item
-
-    def prefill_head(self, worker_id: str) -> Inflight | None:
-        """The oldest request still in prefill on ``worker_id`` (engines admit FCFS, so it
-        is the one being prefilled now), or None."""
-        queue = self._prefilling.get(worker_id)
-        while queue:
-            item = queue[0]
-            if item.prefill_tokens > 0 and self._items.get(item.request_id) is item:
-                return item
-            queue.popleft()
-        return None
-
-    def expire(self, now: float) -> int:
-        """Drop every request whose deadline has passed; returns how many."""
-        n = 0
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, request_id = heapq.heappop(self._deadlines)
-            item = self._items.get(request_id)
-            if item is not None and item.deadline == deadline:
-                self.finish(request_id)
-                n += 1
-        self.expired += n
-        return n
-
-    def load(self, worker_id: str, now: float | None = None) -> WorkerLoad:
-        """A snapshot of the worker's load (backlog drained up to ``now`` when given)."""
-        load = self._loads.get(worker_id)
-        if load is None:
-            return WorkerLoad()
-        if now is not None:
-            self._drain(load, now)
-        return WorkerLoad(
-            load.requests, load.prefill_backlog, load.decode_tokens, load.updated, load.tokens
-        )
-
-    def requests_by_worker(self) -> dict[str, int]:
-        return {w: load.requests for w, load in self._loads.items()}
+# What the views say about an engine that reported nothing (frozen: one for all).
+_UNKNOWN_ENGINE = EngineStats()
 
 
 class ScoreLike(Protocol):
@@ -300,27 +156,36 @@ class RoutingCore:
         predicted = self.memory.predicted(keys, now) if keys else {}
         hot = self.memory.hot_tokens(keys, weights.hot_fraction) if keys else 0
         cap = max(n - 1, 0)
-        engines = engines or {}
-        unknown = EngineStats()
-        speeds = self.speeds.relative([s.worker_id for s in scores])
+        unknown = _UNKNOWN_ENGINE
+        ids = [s.worker_id for s in scores]
+        speeds = self.speeds.relative(ids)
+        loads = self.inflight.loads_for(ids, now)
+        # Head progress is 0 unless enabled and the backlog leaves at first tokens.
+        progress = self._head_progress if self._head_progress_on() else None
+        recent = self.recent
         views = []
-        for s in scores:
-            load = self.inflight.load(s.worker_id, now)
-            backlog = load.prefill_backlog - self._head_progress(s.worker_id, now)
+        # Positional arguments, in WorkerView's field order: 64 views a request at 64
+        # workers, and keywords cost more than the fields' work.
+        for s, load in zip(scores, loads, strict=True):
+            w = s.worker_id
+            backlog = load.prefill_backlog
+            if progress is not None:
+                backlog -= progress(w, now)
+            p = predicted.get(w, 0) if predicted else 0
             views.append(
                 WorkerView(
-                    worker_id=s.worker_id,
-                    hit_tokens=s.hit_tokens,
-                    hit_tokens_gpu=s.hit_tokens_gpu,
-                    score=float(s.score),
-                    predicted_tokens=min(predicted.get(s.worker_id, 0), cap),
-                    inflight=load.requests,
-                    prefill_backlog=backlog,
-                    inflight_decode=load.decode_tokens,
-                    inflight_tokens=load.tokens,
-                    speed=speeds[s.worker_id],
-                    recent_tokens=self.recent.get(s.worker_id, 0.0),
-                    engine=engines.get(s.worker_id, unknown),
+                    w,
+                    s.hit_tokens,
+                    s.hit_tokens_gpu,
+                    float(s.score),
+                    p if p < cap else cap,
+                    load.requests,
+                    backlog,
+                    load.decode_tokens,
+                    load.tokens,
+                    speeds[w],
+                    recent.get(w, 0.0),
+                    engines.get(w, unknown) if engines else unknown,
                 )
             )
         request = RouteInput(n, hot, self.config.prefix_block_tokens, self.routed_total)
@@ -358,15 +223,18 @@ class RoutingCore:
         where the backlog leaves at first tokens (``prefill_tps`` 0): a long prompt that
         is nearly prefilled no longer counts in full, so a session does not leave its
         cache to dodge a wait that is almost over."""
-        share = self.config.weights.head_progress
-        if share <= 0 or self.config.prefill_tps > 0:
+        if not self._head_progress_on():
             return 0.0
+        share = self.config.weights.head_progress
         head = self.inflight.prefill_head(worker_id)
         if head is None:
             return 0.0
         start = max(head.dispatched, self.speeds.last_first_token(worker_id))
         done = max(0.0, now - start) * self.speeds.tps(worker_id)
         return share * min(head.prefill_tokens, done)
+
+    def _head_progress_on(self) -> bool:
+        return self.config.weights.head_progress > 0 and self.config.prefill_tps <= 0
 
     def _count_recent(self, worker_id: str, tokens: int, workers: int) -> None:
         """Decay every worker's recent tokens by one routed request's step (a window of
