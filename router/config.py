@@ -252,6 +252,11 @@ def _unknown(names: set[str], known: set[str], what: str) -> str:
     return f"unknown {what}: {', '.join(hints)}"
 
 
+# ``KVROUTE_*`` variables read before the settings (the compiled core's switches,
+# ``router.native`` and setup.py): not settings, and not typos.
+PROCESS_ENV = frozenset({"KVROUTE_NATIVE", "KVROUTE_NATIVE_BUILD", "KVROUTE_NATIVE_XXHASH"})
+
+
 def check_unknown_keys(
     file_data: dict[str, Any] | None, environ: dict[str, str] | None = None
 ) -> None:
@@ -264,7 +269,7 @@ def check_unknown_keys(
         if bad:
             problems.append(_unknown(bad, fields, "config file key(s)"))
     env = os.environ if environ is None else environ
-    known_env = {ENV_PREFIX + f.upper() for f in fields} | {ENV_PREFIX + "CONFIG"}
+    known_env = {ENV_PREFIX + f.upper() for f in fields} | {ENV_PREFIX + "CONFIG"} | PROCESS_ENV
     bad_env = {k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known_env}
     if bad_env:
         problems.append(_unknown(bad_env, known_env, "environment variable(s)"))

@@ -47,6 +47,7 @@ def test_unknown_kvroute_env_var_is_an_error(
 
 def test_known_env_vars_pass_the_check():
     env = {"KVROUTE_CONFIG": "x", "KVROUTE_PORT": "1", "KVROUTE_API_KEY_ALL": "1", "PATH": "/"}
+    env["KVROUTE_NATIVE"] = "0"  # the compiled core's switch (docs/development.md): not a typo
     check_unknown_keys({"port": 1, "workers": []}, env)
     with pytest.raises(ValueError, match="KVROUTE_PROT"):
         check_unknown_keys(None, {"KVROUTE_PROT": "1"})
