@@ -252,9 +252,11 @@ def _unknown(names: set[str], known: set[str], what: str) -> str:
     return f"unknown {what}: {', '.join(hints)}"
 
 
-# ``KVROUTE_*`` variables read before the settings (the compiled core's switches,
-# ``router.native`` and setup.py): not settings, and not typos.
-PROCESS_ENV = frozenset({"KVROUTE_NATIVE", "KVROUTE_NATIVE_BUILD", "KVROUTE_NATIVE_XXHASH"})
+# ``KVROUTE_*`` variables read before the settings (the compiled core's switches in
+# ``router.native`` and setup.py, the ingest fast path's): not settings, and not typos.
+PROCESS_ENV = frozenset(
+    {"KVROUTE_NATIVE", "KVROUTE_NATIVE_BUILD", "KVROUTE_NATIVE_XXHASH", "KVROUTE_INGEST_FAST_PATH"}
+)
 
 
 def check_unknown_keys(

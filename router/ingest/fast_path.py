@@ -19,6 +19,7 @@ runs random streams through both).
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -55,7 +56,11 @@ class Host(Protocol):
     def _learn(self, state: WorkerState, g: int, ev: BlockStored) -> GroupMeta | None: ...
 
 
-ENABLED = True  # tests switch it off to compare with the general path
+# Off by default: on a real vLLM CPU engine's Gemma-2 stream (`make conformance-engine`)
+# it lost 15 of 68 estimates that the general path gets exact; the random streams of
+# its test did not show the difference. Opt in with KVROUTE_INGEST_FAST_PATH=1 until
+# that stream is recorded and replayed by the test.
+ENABLED = os.environ.get("KVROUTE_INGEST_FAST_PATH", "0") == "1"
 
 
 def _scan(

@@ -131,6 +131,7 @@ def _state(ing: Ingestor) -> dict[str, Any]:
 
 
 async def _run(items: list[Any], enabled: bool, drain: int) -> tuple[dict[str, Any], int]:
+    was = fast_path.ENABLED
     fast_path.ENABLED = enabled
     taken = 0
     real = fast_path.plan_simple
@@ -150,7 +151,7 @@ async def _run(items: list[Any], enabled: bool, drain: int) -> tuple[dict[str, A
         for lo in range(0, len(items), drain):
             await ing.apply_batches(items[lo : lo + drain])
     finally:
-        fast_path.ENABLED = True
+        fast_path.ENABLED = was
         fast_path.plan_simple = real  # type: ignore[assignment]
         ingestor_mod.plan_simple = real  # type: ignore[assignment]
     return _state(ing), taken
