@@ -103,6 +103,18 @@ def settle(router: Router, worker: str, quiet_s: float = 0.3, limit_s: float = 3
         time.sleep(0.02)
 
 
+def connected(router: Router, worker: str, limit_s: float = 120.0) -> None:
+    """Until the router's SUB is connected to the engine: the engine keeps no replay here,
+    so events published before the connection (ZMQ's reconnect backs off while the engine
+    loads its model) are lost and later stores name unknown parents."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if router._call("GET", f"/v1/workers/{worker}").get("state") == "connected":
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"worker {worker} not connected after {limit_s:.0f} s")
+
+
 def check(kind: str, scenario: str, requests: int, venv: Path) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kvroute-engine-"))
     model = tmp / kind
@@ -151,6 +163,7 @@ def check(kind: str, scenario: str, requests: int, venv: Path) -> dict[str, Any]
             except TimeoutError:
                 continue
         router = Router(f"http://127.0.0.1:{rport}")
+        connected(router, "engine")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{vport}/v1", api_key="none")
         adds = [a for a in actions(BY_NAME[scenario]) if a["op"] == "add"][:requests]
         for a in adds:
