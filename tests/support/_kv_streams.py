@@ -11,10 +11,12 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from _helpers import stored
 
 from router.index import IndexBackend, make_index
+from router.index.base import EngineSettings
 from router.ingest.ingestor import Ingestor
 from router.score.scorer import Scorer
 from schemas import (
@@ -165,3 +167,12 @@ def store16(
 
 def gpu_removed(hashes: list[int], group: int = 0) -> BlockRemoved:
     return BlockRemoved(block_hashes=hashes, medium="GPU", group_idx=group)
+
+
+async def configured_harness(request: Any, **settings: Any) -> Harness:
+    """A ``Harness`` on the fixture's backend (``request.param``: "memory" or "redis")
+    with worker "w" registered under ``settings`` (``EngineSettings`` fields)."""
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    h = Harness.build(new_index(request.param, url))
+    await h.ingestor.configure("w", EngineSettings(**settings))
+    return h

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from _helpers import stored
-from _kv_streams import Harness, new_index, tokens, wire
+from _kv_streams import Harness, configured_harness, tokens, wire
 
-from router.index.base import GPU_BIT, EngineSettings
+from router.index.base import GPU_BIT
 from router.ingest.partials import waiting_partials
 from schemas import BlockRemoved, BlockStored
 
@@ -31,9 +31,7 @@ def _store(
 
 @pytest.fixture(params=["memory", "redis"])
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
-    h = Harness.build(new_index(request.param, url))
-    await h.ingestor.configure("w", EngineSettings(hash_block_size=UNIT, partial_hash_hits=True))
+    h = await configured_harness(request, hash_block_size=UNIT, partial_hash_hits=True)
     yield h
     await h.index.close()
 

@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 from _helpers import stored
-from _kv_streams import Harness, new_index, tokens
+from _kv_streams import Harness, configured_harness, tokens
 
-from router.index.base import EngineSettings
 from router.score import partial_entries
 from router.score.partial_entries import EngineChains
 from schemas import BlockRemoved, BlockStored
@@ -43,9 +42,7 @@ def _store(
 
 @pytest.fixture(params=["memory", "redis"])
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
-    h = Harness.build(new_index(request.param, url))
-    await h.ingestor.configure("w", EngineSettings(hash_block_size=UNIT, partial_hash_hits=True))
+    h = await configured_harness(request, hash_block_size=UNIT, partial_hash_hits=True)
     yield h
     await h.index.close()
 
