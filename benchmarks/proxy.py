@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -262,13 +263,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return {"fleet": fleet, "workers": len(engines), "runs": runs, "req_per_s": rps, **extra}
     finally:
         print(f"logs: {tmp}", file=sys.stderr)
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
+
+
+def stop_all(procs: Sequence[subprocess.Popen[Any]]) -> None:
+    """Terminate every process, then wait for each (10 s), killing the ones that stay."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def summary(result: dict[str, Any]) -> str:

@@ -48,7 +48,17 @@ import httpx
 import openai
 from tokenizers import Tokenizer
 
-from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, report, start, wait_http, wait_live
+from benchmarks.proxy import (
+    MODEL,
+    REPO,
+    TOKENIZER,
+    pct,
+    report,
+    start,
+    stop_all,
+    wait_http,
+    wait_live,
+)
 from router.netutil import free_ports
 
 PEERS = REPO / ".venv-peers"
@@ -337,13 +347,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "skipped": skipped,
         }
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
 
 
 def table(result: dict[str, Any]) -> str:

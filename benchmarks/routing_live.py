@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from openai import APITimeoutError, AsyncOpenAI
 
-from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, wait_http
+from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, stop_all, wait_http
 from router.netutil import free_ports
 from router.proxy.tiny_tokenizer import words
 
@@ -163,13 +163,7 @@ class Fleet:
             await asyncio.sleep(0.5)
 
     async def __aexit__(self, *exc: object) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(self.procs)
 
     async def engine_prompt_tokens(self) -> list[int]:
         async with httpx.AsyncClient() as c:
