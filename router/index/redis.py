@@ -58,7 +58,8 @@ from router.index.redis_codec import (
     state_enc,
     worker_prefix,
 )
-from router.index.redis_read import MetaCache, RedisReads
+from router.index.redis_meta import MetaCache
+from router.index.redis_read import RedisReads
 
 __all__ = [
     "RedisIndex",
