@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import json
 import logging
@@ -109,7 +110,12 @@ def child_publish(workers: int, block_events: int, capacity: int) -> int:
 
 
 async def bench_ingest(
-    kind: str, redis_url: str | None, workers: int, block_events: int, capacity: int
+    kind: str,
+    redis_url: str | None,
+    workers: int,
+    block_events: int,
+    capacity: int,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     child = subprocess.Popen(
         [sys.executable, __file__, "--_publish", str(workers), str(block_events), str(capacity)],
@@ -138,7 +144,10 @@ async def bench_ingest(
         targets = {w: ep["batches"] - 1 for w, ep in info["workers"].items()}
         gc.collect()
         s0 = await _redis_cpu(index) if kind == "redis" else 0.0
-        c0 = time.process_time()
+        prof = cProfile.Profile() if profile else None
+        if prof is not None:
+            prof.enable()
+        c0, l0 = time.process_time(), time.thread_time()
         t0 = time.perf_counter()
         child.stdin.write("go\n")
         child.stdin.flush()
@@ -150,7 +159,10 @@ async def bench_ingest(
             if time.perf_counter() - t0 > 300:
                 raise RuntimeError("ingest did not finish")
         dt = time.perf_counter() - t0
-        cpu = time.process_time() - c0
+        cpu, loop_cpu = time.process_time() - c0, time.thread_time() - l0
+        if prof is not None and profile:
+            prof.disable()
+            prof.dump_stats(f"{profile}.{kind}.{workers}")
         server_cpu = (await _redis_cpu(index)) - s0 if kind == "redis" else None
         child.stdin.write("done\n")
         child.stdin.flush()
@@ -169,6 +181,8 @@ async def bench_ingest(
         "seconds": round(dt, 3),
         "block_events_per_s": round(total / dt),
         "block_events_per_router_cpu_s": round(total / cpu) if cpu > 0 else None,
+        # The event loop's thread alone (the router CPU above adds ZMQ's I/O thread).
+        "block_events_per_loop_cpu_s": round(total / loop_cpu) if loop_cpu > 0 else None,
         # redis-server's own CPU (INFO cpu): on 2 shared cores the three processes
         # (publishers, router, redis) compete, so wall time follows their CPU sum.
         "redis_server_cpu_s": round(server_cpu, 3) if server_cpu is not None else None,
@@ -279,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--profile", metavar="OUT", help="cProfile the router's ingest window to OUT.<backend>.<n>"
+    )
+    ap.add_argument("--no-score", action="store_true", help="ingest only")
     ap.add_argument("--_publish", nargs=3, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_serve", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -300,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in args.publishers:
             res["ingest"].append(
-                asyncio.run(bench_ingest("memory", None, n, args.block_events, args.capacity))
+                asyncio.run(
+                    bench_ingest("memory", None, n, args.block_events, args.capacity, args.profile)
+                )
             )
         if url:
             for n in args.publishers:
@@ -310,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             proc.kill()
             proc.wait()
-    for workers in (16, 64):
+    for workers in () if args.no_score else (16, 64):
         res["score_http"].append(bench_http_score(workers, args.queries))
     if args.json:
         print(json.dumps(res, indent=2))
@@ -320,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
             f"ingest {r['backend']:<6} {r['publishers']} publisher(s) "
             f"{r['block_events_per_s']:>9,} block events/s end to end "
             f"({r['block_events']:,} in {r['seconds']} s; "
-            f"{r['block_events_per_router_cpu_s']:,} per router CPU-second; "
+            f"{r['block_events_per_router_cpu_s']:,} per router CPU-second, "
+            f"{r['block_events_per_loop_cpu_s']:,} per event-loop CPU-second; "
             + (
                 f"redis-server CPU {r['redis_server_cpu_s']} s; "
                 if r["redis_server_cpu_s"] is not None

@@ -120,6 +120,31 @@ def _chains(batch: KVEventBatch, known: dict[EngineHash, BlockKey]) -> bool:
     return True
 
 
+def first_apart(
+    state: WorkerState, batch: KVEventBatch, marks: Sequence[tuple[int, int, int, int]]
+) -> list[tuple[KVEventBatch, Sequence[tuple[int, int, int, int]]]]:
+    """``batch`` as the pieces to plan, in order: whole, or - while the worker's hash mode
+    is unknown (the fast path waits for it) and ``batch`` merges several published
+    batches (``marks``) - the first published batch, then the rest. The general path
+    learns the mode from the first, so the rest of a backlog (a start, a replay) takes
+    the fast path instead of the general one. Planning the pieces in turn with one
+    ``known`` gives the same operations as the merged batch (each step is order-exact)."""
+    if (
+        not ENABLED
+        or state.hash_mode != "unknown"
+        or len(marks) < 2
+        or state.settings.report_full
+        or state.settings.partial_hash_hits
+    ):
+        return [(batch, marks)]
+    cut = marks[1][0]
+    events = batch.events
+    rank = batch.data_parallel_rank
+    head = KVEventBatch(batch.ts, events[:cut], rank)
+    tail = KVEventBatch(batch.ts, events[cut:], rank)
+    return [(head, marks[:1]), (tail, [(m[0] - cut, *m[1:]) for m in marks[1:]])]
+
+
 async def plan_simple(
     ing: Host,
     worker_id: str,

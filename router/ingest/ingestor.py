@@ -41,7 +41,7 @@ from router.index.base import (
     WorkerState,
 )
 from router.ingest.counters import IngestCounters
-from router.ingest.fast_path import plan_simple
+from router.ingest.fast_path import first_apart, plan_simple
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
@@ -227,9 +227,12 @@ class Ingestor:
             marks = item[2] if len(item) > 2 else ()
             known = carried.setdefault(worker_id, {})
             delta = unwritten.setdefault(worker_id, Unwritten())
-            groups, ops = await self._plan(worker_id, batch, known, marks, delta)
-            if ops:
-                plans.append((worker_id, groups, ops))
+            state = await self._state(worker_id)
+            self.counters.batches += 1
+            for piece, piece_marks in first_apart(state, batch, marks):
+                groups, ops = await self._plan(worker_id, piece, known, piece_marks, delta)
+                if ops:
+                    plans.append((worker_id, groups, ops))
         if not plans:
             return
         c = self.counters
@@ -255,8 +258,6 @@ class Ingestor:
         delta: Unwritten | None = None,
     ) -> tuple[dict[int, GroupMeta], list[Op]]:
         """A batch as keyed operations; ``known`` carries mappings between batches."""
-        c = self.counters
-        c.batches += 1
         state = await self._state(worker_id)
         before = (dict(state.groups), state.hash_mode, state.hash_unit)
         ops: list[Op] = []

@@ -35,6 +35,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from router.config import RouterSettings, WorkerSpec
 from router.ingest.counters import WorkerCounters
+from router.ingest.gc_pause import gc_paused
 from router.ingest.recovery import REPAIR_FIRST_S, RecoveryMixin
 from router.ingest.sequencing import SeqTracker, Verdict
 from router.ingest.sub_socket import open_worker_sockets, silent_hint
@@ -250,13 +251,14 @@ class WorkerSubscription(RecoveryMixin):
                 log.debug("worker %s SUB socket error: %s", self.worker_id, exc)
                 return
             self._last_frame_at = time.monotonic()
-            for _ in range(_DRAIN_PER_TURN):
-                try:
-                    frames = self._shadow.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                await self._on_live(frames)
-            await self._flush()
+            with gc_paused():
+                for _ in range(_DRAIN_PER_TURN):
+                    try:
+                        frames = self._shadow.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    await self._on_live(frames)
+                await self._flush()
             await asyncio.sleep(0)
 
     async def _on_live(self, frames: list[bytes]) -> None:

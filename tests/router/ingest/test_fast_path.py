@@ -170,3 +170,39 @@ async def test_fast_path_equals_the_general_path(core: None, seed: int) -> None:
     assert fast["recent"] == slow["recent"]
     assert fast["workers"] == slow["workers"]
     assert fast["tables"] == slow["tables"]
+
+
+def _merged_backlog(n_batches: int = 12) -> tuple[KVEventBatch, list[tuple[int, int, int, int]]]:
+    """Published batches of one fresh worker (dense chained stores of two groups and
+    removals) merged the way ``router.ingest.writer`` stages a backlog."""
+    rng = random.Random(3)
+    events: list[Any] = []
+    marks: list[tuple[int, int, int, int]] = []
+    tip: int | None = None
+    stored: list[int] = []
+    for seq in range(n_batches):
+        marks.append((len(events), 0, seq, seq))
+        hashes = [rng.getrandbits(64) for _ in range(rng.randint(1, 6))]
+        toks = [rng.randrange(1000) for _ in range(len(hashes) * BS)]
+        for g in (0, 1):
+            events.append(BlockStored(hashes, tip, toks, BS, None, "GPU", None, None, g))
+        if seq % 4 == 3:
+            events += [BlockRemoved(stored[:2], "GPU", g) for g in (0, 1)]
+            stored = stored[2:]
+        stored += hashes
+        tip = hashes[-1]
+    return KVEventBatch(0.0, events), marks
+
+
+async def test_a_merged_backlog_takes_the_fast_path_after_its_first_batch(core: None) -> None:
+    """A fresh worker's hash mode is unknown until its first chain is checked: the first
+    published batch of a merged backlog goes the general way, the rest the fast way (it
+    was all general), with the same result as the general path for all of it."""
+    batch, marks = _merged_backlog()
+    fast, taken = await _run([("w0", batch, marks)], True, 1)
+    slow, _ = await _run([("w0", batch, marks)], False, 1)
+    assert taken == 1
+    assert fast["counters"] == slow["counters"]
+    assert fast["recent"] == slow["recent"]
+    assert fast["workers"] == slow["workers"]
+    assert fast["tables"] == slow["tables"]
