@@ -20,6 +20,7 @@ _SOURCES = (
     "map_scan",
     "map_store",
     "chain",
+    "chain_packed",
     "rows",
     "rows_classify",
     "proto",

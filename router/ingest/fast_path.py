@@ -39,8 +39,10 @@ from router.index.base import (
 )
 from router.ingest.block_keys import chain_keys, key_bytes, root_digest
 from router.ingest.counters import IngestCounters
+from router.ingest.packed import tokens as unpacked
 from router.ingest.partials import PendingPartials
 from schemas import MEDIUM_GPU, BlockRemoved, BlockStored, KVEventBatch, normalise_medium
+from schemas.decode import PackedBlockStored
 
 
 class Host(Protocol):
@@ -71,10 +73,15 @@ def _scan(
     hashes they store. A parent neither names is left to that lookup."""
     parents: list[EngineHash] = []
     seen: set[EngineHash] = set()
+    count = native.packed_len  # None: packed stores take the general path (unpacked)
     for ev in batch.events:
         if type(ev) is BlockRemoved:
             continue
-        if type(ev) is not BlockStored:
+        if type(ev) is BlockStored:
+            n_tokens = len(ev.token_ids)
+        elif type(ev) is PackedBlockStored and count is not None:
+            n_tokens = count(ev.token_ids, False)  # checked by router.ingest.packed
+        else:
             return None
         g, bs, hashes = ev.group_idx, ev.block_size, ev.block_hashes
         if (
@@ -82,7 +89,7 @@ def _scan(
             or type(bs) is not int
             or bs != unit
             or not hashes
-            or len(ev.token_ids) != len(hashes) * unit
+            or n_tokens != len(hashes) * unit
             or ev.extra_keys
             or (ev.medium is not None and normalise_medium(ev.medium) != MEDIUM_GPU)
         ):
@@ -191,6 +198,7 @@ async def plan_simple(
     c = ing.counters
     groups = state.groups
     chain = native.chain  # the C chain, else None (chain_keys: the same keys)
+    chain_packed = native.chain_packed  # set whenever _scan let a packed store through
     new_op = tuple.__new__  # a NamedTuple without its Python-level __new__
     gpu = MEDIUM_BITS[MEDIUM_GPU]
     learned: dict[tuple[Any, ...], GroupMeta] = {}
@@ -232,9 +240,14 @@ async def plan_simple(
             else:
                 seed = known[parent]
             tokens = ev.token_ids
-            got = chain(seed, tokens, unit, len(hashes)) if chain is not None else None
+            if type(ev) is PackedBlockStored:  # int32 ids (checked): chain() of their ints
+                got = chain_packed(seed, tokens, unit, len(hashes))  # type: ignore[misc]
+            else:
+                got = chain(seed, tokens, unit, len(hashes)) if chain is not None else None
             keys = (
-                got if got is not None else chain_keys(key_bytes(seed), tokens, unit, len(hashes))
+                got
+                if got is not None
+                else chain_keys(key_bytes(seed), unpacked(tokens), unit, len(hashes))
             )
             known.update(zip(hashes, keys))  # noqa: B905 (as many by construction)
             recent.append((ev.token_ids, keys))

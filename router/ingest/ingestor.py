@@ -45,6 +45,7 @@ from router.ingest.fast_path import first_apart, plan_simple
 from router.ingest.key_planner import Keyed, KeyPlanner
 from router.ingest.learning import block_size as _size
 from router.ingest.learning import learn_group, learn_unit
+from router.ingest.packed import unpack
 from router.ingest.partials import PendingPartials, register
 from router.ingest.reannounce import Unwritten, find_reannouncements
 from router.ingest.recomputes import RecomputeLog
@@ -268,6 +269,7 @@ class Ingestor:
             self._recomputes.pop(worker_id, None)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
         if not await plan_simple(self, worker_id, state, batch, known, marks, pend, recent, ops):
+            batch = unpack(batch)  # the general path reads token ids as ints
             await resolve_parents(
                 self.index, worker_id, state, batch, known, self.default_block_size
             )

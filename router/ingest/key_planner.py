@@ -24,6 +24,7 @@ from router.ingest.block_keys import (
     root_digest,
     split_extra_keys,
 )
+from router.ingest.packed import tokens
 from router.ingest.placement import block_keys_at, place_sparse
 from router.ingest.sglang_keys import detect_sglang_hash
 from schemas import BlockStored, KVEventBatch
@@ -67,7 +68,7 @@ class KeyPlanner:
         self.known = known
         # Token ranges whose unit keys were computed: (tokens, unit keys, this batch?)
         self.ranges: list[tuple[Any, list[BlockKey], bool]] = [
-            (t, u, False) for t, u in (recent or ())
+            (tokens(t), u, False) for t, u in (recent or ())
         ]
         # Stores that re-announce a hit (``router.ingest.reannounce``): no new copies.
         self.reannounced: set[int] = set()

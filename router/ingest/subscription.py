@@ -34,6 +34,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from router.config import RouterSettings, WorkerSpec
+from router.ingest import packed
 from router.ingest.counters import WorkerCounters
 from router.ingest.gc_pause import gc_paused
 from router.ingest.recovery import REPAIR_FIRST_S, RecoveryMixin
@@ -334,8 +335,13 @@ class WorkerSubscription(RecoveryMixin):
     def _decode(
         self, payload: bytes, seq: int, stats: DecodeStats | None = None
     ) -> KVEventBatch | None:
+        counted = self.decode_stats if stats is None else stats
+        batch = packed.decode(payload)
+        if batch is not None:
+            counted.batches += 1
+            return batch
         try:
-            return decode_batch(payload, self.decode_stats if stats is None else stats)
+            return decode_batch(payload, counted)
         except DecodeError as exc:
             if self._seq.is_bad(seq):  # bad at the source too: its replayed copy
                 return None

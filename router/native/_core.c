@@ -6,6 +6,10 @@ static PyMethodDef module_methods[] = {
 #ifdef KVR_XXHASH
     {"chain", (PyCFunction)(void (*)(void))kvr_chain, METH_FASTCALL,
      "chain(seed, tokens, block_size, n_blocks) -> keys | None"},
+    {"chain_packed", (PyCFunction)(void (*)(void))kvr_chain_packed, METH_FASTCALL,
+     "chain_packed(seed, msgpack int array, block_size, n_blocks) -> keys | None"},
+    {"packed_len", (PyCFunction)(void (*)(void))kvr_packed_len, METH_FASTCALL,
+     "packed_len(msgpack int array[, check]) -> its length, -1 unless all are int32"},
 #endif
     {"rows", (PyCFunction)(void (*)(void))kvr_rows, METH_FASTCALL,
      "rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered[, late]) -> (rows, mixed)"},
