@@ -9,14 +9,24 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from router import native
 from router.index import make_index
 from router.index.memory import MemoryIndex
-from router.ingest import fast_path
+from router.ingest import fast_path, packed
 from router.ingest.ingestor import Ingestor
-from schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from schemas import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeStats,
+    KVEventBatch,
+    decode_batch,
+    encode_batch,
+)
+from schemas.decode import PackedBlockStored
 
 BS = 16
 
@@ -126,7 +136,7 @@ def _state(ing: Ingestor) -> dict[str, Any]:
         )
         for wid, w in index._workers.items()
     }
-    recent = {w: [(list(t), list(u)) for t, u in r] for w, r in ing._recent.items()}
+    recent = {w: [(packed.tokens(t), list(u)) for t, u in r] for w, r in ing._recent.items()}
     return {"tables": tables, "workers": workers, "recent": recent, "counters": ing.counters}
 
 
@@ -206,3 +216,40 @@ async def test_a_merged_backlog_takes_the_fast_path_after_its_first_batch(core: 
     assert fast["recent"] == slow["recent"]
     assert fast["workers"] == slow["workers"]
     assert fast["tables"] == slow["tables"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_packed_batches_leave_what_plain_ones_do(core: None, seed: int) -> None:
+    """The subscriber's packed decode (``router.ingest.packed``) of the same payloads:
+    the fast path chains from the bytes, the general path gets them unpacked; the index,
+    counters and metadata end the same, and so do the recent token ranges once read."""
+    items = _stream(seed)
+    payloads = [(w, encode_batch(b), m) for w, b, m in items]
+    got = [(w, packed.decode(p), m) for w, p, m in payloads]
+    if native.ACTIVE != "native":
+        assert all(b is None for _, b, _ in got)  # the core is off: decoded as before
+        return
+    assert all(b is not None for _, b, _ in got)
+    assert any(type(e) is PackedBlockStored for _, b, _ in got for e in b.events)  # type: ignore[union-attr]
+    for (_, p, _), (_, b, _) in zip(payloads, got, strict=True):
+        assert packed.unpack(b) == decode_batch(p)  # type: ignore[arg-type]
+    drain = 1 + seed % 3
+    plain, taken = await _run(items, True, drain)
+    fast, taken_packed = await _run(got, True, drain)
+    assert taken_packed == taken
+    assert fast == plain
+
+
+def test_packed_decode_leaves_odd_tokens_to_the_usual_decode(core: None) -> None:
+    """Token ids that are not int32 (wider ints, other types) leave the packed decode;
+    ``decode_batch`` then keeps wide ints and counts a malformed event as before."""
+    ev = BlockStored([1], None, [5] * BS, BS, None, "GPU", None, group_idx=0)
+    for toks, malformed in (([2**40] * BS, 0), (["x"] * BS, 1)):
+        payload = encode_batch(KVEventBatch(0.0, [msgspec.structs.replace(ev, token_ids=toks)]))
+        assert packed.decode(payload) is None
+        stats = DecodeStats()
+        batch = decode_batch(payload, stats)
+        assert stats.malformed_events == malformed
+        assert len(batch.events) == 1 - malformed
+    good = packed.decode(encode_batch(KVEventBatch(0.0, [ev])))
+    assert (good is not None) == (native.ACTIVE == "native")
