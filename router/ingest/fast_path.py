@@ -91,7 +91,11 @@ def _scan(
             or not hashes
             or n_tokens != len(hashes) * unit
             or ev.extra_keys
-            or (ev.medium is not None and normalise_medium(ev.medium) != MEDIUM_GPU)
+            or (
+                ev.medium is not None
+                and ev.medium != MEDIUM_GPU
+                and normalise_medium(ev.medium) != MEDIUM_GPU
+            )
         ):
             return None
         if ev.parent_block_hash is not None:

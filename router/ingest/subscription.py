@@ -267,8 +267,13 @@ class WorkerSubscription(RecoveryMixin):
             self._decode_error(f"expected 3 frames [topic, seq(8B), payload], got {len(frames)}")
             return
         seq = int.from_bytes(frames[1], "big")
-        scratch = DecodeStats()  # counted unless a replay already applied this frame
-        batch = self._decode(frames[2], seq, scratch)
+        # Counted unless a replay already applied this frame; the packed decode (the
+        # common form) counts one batch and nothing else.
+        batch = packed.decode(frames[2])
+        scratch = None
+        if batch is None:
+            scratch = DecodeStats()
+            batch = self._decode(frames[2], seq, scratch, packed_first=False)
         if batch is None:
             if self.spec.replay_endpoint is not None:
                 # Corrupted in transit? The publisher's buffer holds its own copy: fetch
@@ -278,7 +283,11 @@ class WorkerSubscription(RecoveryMixin):
         rank = batch.data_parallel_rank or 0
         decision = self._seq.observe_live(rank, seq)
         verdict = decision.verdict
-        if verdict is not Verdict.DUPLICATE:
+        if verdict is Verdict.DUPLICATE:
+            pass
+        elif scratch is None:
+            self.decode_stats.batches += 1
+        else:
             self.decode_stats.add(scratch)
         if verdict is Verdict.APPLY:
             await self._apply(seq, batch, frames[2])
@@ -333,10 +342,15 @@ class WorkerSubscription(RecoveryMixin):
 
     # ------------------------------------------------------------------ decode
     def _decode(
-        self, payload: bytes, seq: int, stats: DecodeStats | None = None
+        self,
+        payload: bytes,
+        seq: int,
+        stats: DecodeStats | None = None,
+        *,
+        packed_first: bool = True,
     ) -> KVEventBatch | None:
         counted = self.decode_stats if stats is None else stats
-        batch = packed.decode(payload)
+        batch = packed.decode(payload) if packed_first else None
         if batch is not None:
             counted.batches += 1
             return batch
