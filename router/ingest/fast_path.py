@@ -213,18 +213,23 @@ async def plan_simple(
     for i, ev in enumerate(batch.events):
         while pending and pending[-1][0] <= i:
             ops.append(SeqOp(*pending.pop()[1:]))
-        g = ev.group_idx if ev.group_idx is not None else 0
+        gi = ev.group_idx
+        g = gi if gi is not None else 0
         if type(ev) is BlockRemoved:
             c.events_removed += 1
-            if ing._group(ev.group_idx) is None:
+            # ing._group's check, called (and counted) only for an odd value
+            if gi is not None and (type(gi) is not int or gi < 0) and ing._group(gi) is None:
                 continue
-            bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
+            m = ev.medium
+            bit = (
+                gpu if m is None or m == MEDIUM_GPU else MEDIUM_BITS.get(normalise_medium(m) or "")
+            )
             if bit is None:
                 ing._bad(f"unknown medium {ev.medium!r}")
             elif g not in groups:
                 c.blocks_removed_missing += len(ev.block_hashes)
             elif gone := pend.take_removed(g, bit, ev.block_hashes):
-                ops.append(RemoveOp(g, bit, gone))
+                push(new_op(RemoveOp, (g, bit, gone)))
             continue
         stores += 1
         # learn_group again with the same inputs and unchanged metadata changes nothing
@@ -245,7 +250,7 @@ async def plan_simple(
                 seed = known[parent]
             tokens = ev.token_ids
             if type(ev) is PackedBlockStored:  # int32 ids (checked): chain() of their ints
-                got = chain_packed(seed, tokens, unit, len(hashes))  # type: ignore[misc]
+                got = chain_packed(seed, tokens, unit, len(hashes)) if chain_packed else None
             else:
                 got = chain(seed, tokens, unit, len(hashes)) if chain is not None else None
             keys = (

@@ -253,3 +253,29 @@ def test_packed_decode_leaves_odd_tokens_to_the_usual_decode(core: None) -> None
         assert len(batch.events) == 1 - malformed
     good = packed.decode(encode_batch(KVEventBatch(0.0, [ev])))
     assert (good is not None) == (native.ACTIVE == "native")
+
+
+async def test_odd_removals_on_the_fast_path(core: None) -> None:
+    """Removals with a group no engine sends, an aliased medium, an unknown medium, or
+    a group the worker never stored in: counted as the general path counts them."""
+    hashes = [11, 12, 13]
+    toks = list(range(3 * BS))
+    store = [BlockStored(hashes, None, toks, BS, None, None, None, None, g) for g in (0, 1)]
+    odd: list[Any] = [
+        BlockRemoved([11], "GPU", -1),
+        BlockRemoved([12], "DISK", 0),
+        BlockRemoved([12], "BOGUS", 1),
+        BlockRemoved([13], None, 7),
+        BlockRemoved([13], "GPU", 1),
+        BlockRemoved([11], None, None),
+    ]
+    more = [BlockStored([14], 13, toks[:BS], BS, None, "GPU", None, None, g) for g in (0, 1)]
+    items = [
+        ("w0", KVEventBatch(0.0, store), [(0, 0, 0, 0)]),
+        ("w0", KVEventBatch(1.0, odd + more), [(0, 0, 1, 0)]),
+    ]
+    fast, taken = await _run(items, True, 1)
+    slow, _ = await _run(items, False, 1)
+    assert taken == 1
+    assert fast["counters"].bad_events == 2  # the group -1 and the unknown medium
+    assert fast == slow
