@@ -65,13 +65,14 @@ ENABLED = os.environ.get("KVROUTE_INGEST_FAST_PATH", "1") != "0"
 
 def _scan(
     batch: KVEventBatch, unit: int, known: dict[EngineHash, BlockKey]
-) -> tuple[list[EngineHash], set[EngineHash]] | None:
+) -> tuple[list[EngineHash], set[EngineHash], list[EngineHash]] | None:
     """None unless every event is a removal or a whole-block GPU store at the hash unit
     without extra keys, whose blocks are all named (a sibling group's store of the
     step) or none is, by ``known`` or an earlier store of the batch. Else the parents
     the stores name (what ``router.ingest.resolve`` looks up for such a batch) and the
-    hashes they store. A parent neither names is left to that lookup."""
+    hashes they store, and the parents neither names yet (left to that lookup)."""
     parents: list[EngineHash] = []
+    late: list[EngineHash] = []
     seen: set[EngineHash] = set()
     count = native.packed_len  # None: packed stores take the general path (unpacked)
     for ev in batch.events:
@@ -98,12 +99,15 @@ def _scan(
             )
         ):
             return None
-        if ev.parent_block_hash is not None:
-            parents.append(ev.parent_block_hash)
+        parent = ev.parent_block_hash
+        if parent is not None:
+            parents.append(parent)
+            if parent not in known and parent not in seen:
+                late.append(parent)
         if not _named_alike(hashes, known, seen):
             return None
         seen.update(hashes)
-    return parents, seen
+    return parents, seen, late
 
 
 def _named_alike(
@@ -184,7 +188,7 @@ async def plan_simple(
     scanned = _scan(batch, unit, known)
     if scanned is None:
         return False
-    parents, stored = scanned
+    parents, stored, late = scanned
     # router.ingest.resolve for such a batch: the parents, in every map of the worker.
     todo = [h for h in set(parents) if h not in known]
     if todo:
@@ -195,9 +199,13 @@ async def plan_simple(
             found = await ing.index.resolve(worker_id, bs, todo)
             known.update((h, k) for h, k in zip(todo, found, strict=True) if k is not None)
             todo = [h for h, k in zip(todo, found, strict=True) if k is None]
-        # The scan stands when every parent was found and none is a block the batch
-        # stores; else check again (a parent an earlier store names, found ones named).
-        if (todo or not stored.isdisjoint(asked)) and not _chains(batch, known):
+        # A found parent the batch also stores may change what is named: check again.
+        # Else the scan's checks stand, given that every parent no earlier store of
+        # the batch names was found (what ``_chains`` would check).
+        if not stored.isdisjoint(asked.difference(todo)):
+            if not _chains(batch, known):
+                return False
+        elif any(h not in known for h in late):
             return False
     c = ing.counters
     groups = state.groups
