@@ -96,16 +96,18 @@ def child_publish(workers: int, block_events: int, capacity: int) -> int:
         flush=True,
     )
     sys.stdin.readline()  # "go"
+    c0 = time.process_time()
     # Interleave workers as a fleet would.
     for i in range(max(len(v) for v in per_worker.values())):
         for w, batches in per_worker.items():
             if i < len(batches):
                 pubs[w].publish(batches[i])
     sys.stdin.readline()  # "done": the router has everything
+    cpu = time.process_time() - c0  # encoding and sending, all threads
     dropped = sum(p.dropped for p in pubs.values())
     for p in pubs.values():
         p.shutdown(timeout=5)
-    print(json.dumps({"dropped": dropped}), flush=True)
+    print(json.dumps({"dropped": dropped, "cpu_s": cpu}), flush=True)
     return 0
 
 
@@ -166,7 +168,8 @@ async def bench_ingest(
         server_cpu = (await _redis_cpu(index)) - s0 if kind == "redis" else None
         child.stdin.write("done\n")
         child.stdin.flush()
-        dropped = json.loads(child.stdout.readline())["dropped"]
+        done = json.loads(child.stdout.readline())
+        dropped, publisher_cpu = done["dropped"], done["cpu_s"]
         counters = [s.counters for s in subs if s is not None]
         entries = (await svc.index.stats())["entries"]
         await svc.stop()
@@ -186,6 +189,9 @@ async def bench_ingest(
         # redis-server's own CPU (INFO cpu): on 2 shared cores the three processes
         # (publishers, router, redis) compete, so wall time follows their CPU sum.
         "redis_server_cpu_s": round(server_cpu, 3) if server_cpu is not None else None,
+        # The publishers' process (from "go" to "done"): wall follows the slower side.
+        "router_cpu_s": round(cpu, 3),
+        "publisher_cpu_s": round(publisher_cpu, 3),
         "gaps": sum(c.gaps for c in counters),
         "resyncs": sum(c.resyncs for c in counters),
         "publisher_dropped": dropped,
@@ -347,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                 if r["redis_server_cpu_s"] is not None
                 else ""
             )
+            + f"CPU router {r['router_cpu_s']} s, publishers {r['publisher_cpu_s']} s; "
             + f"gaps {r['gaps']}, dropped {r['publisher_dropped']})"
         )
     for r in res["score_http"]:
