@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from msgspec import Raw
+
 from router import native
 from router.index.base import (
     MEDIUM_BITS,
@@ -267,7 +269,8 @@ async def plan_simple(
                 else chain_keys(key_bytes(seed), unpacked(tokens), unit, len(hashes))
             )
             known.update(zip(hashes, keys))  # noqa: B905 (as many by construction)
-            recent.append((ev.token_ids, keys))
+            # A packed store's own bytes: a view would pin its whole payload.
+            recent.append((tokens.copy() if type(tokens) is Raw else tokens, keys))
         if unit < meta.block_size:
             c.partial_stores += 1
         push(new_op(StoreOp, (g, gpu, list(hashes), keys)))
