@@ -7,8 +7,10 @@ container allocations, survivors are promoted and traversed again in generations
 2: about a third of the router's ingest CPU (docs/benchmarks.md, "Router end to end").
 Paused for one bounded turn (``_DRAIN_PER_TURN`` frames and their flush), the garbage is
 gone before the collector would have looked at it; whatever a turn leaves behind is still
-counted and collected at the next allocation after it. A collector the application turned
-off stays off.
+counted and collected at the next allocation after it. A turn that awaits (a Redis write,
+a replay) leaves other tasks without cyclic collection for that long; reference counting
+still frees their other garbage at once. A collector the application turned off stays off;
+turns of several workers that interleave re-enable it when the first one ends.
 """
 
 from __future__ import annotations
