@@ -131,9 +131,11 @@ def apply_args(
     learned: list[Learned],
     cache: MappingCache,
     shards: int = 1,
+    clears: dict[str, bytes] | None = None,
 ) -> list[Any]:
     """``APPLY``'s arguments for one worker's ops (format: ``router.index.redis_lua``);
-    ``learned`` collects the mappings to cache once Redis took the write. Per op only
+    ``learned`` collects the mappings to cache once Redis took the write, ``clears`` the
+    epoch of the worker's last clear in these ops. Per op only
     what differs is built: a group's header tail once per call, and a hybrid model's
     second group (same hashes and keys) reuses the first one's blobs."""
     prefix = worker_prefix(worker_id, shards)
@@ -146,7 +148,10 @@ def apply_args(
             args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
             continue
         if isinstance(op, ClearOp):
-            args.append(f"3 {new_epoch()}".encode())
+            epoch = str(new_epoch()).encode()
+            args.append(b"3 " + epoch)
+            if clears is not None:
+                clears[worker_id] = epoch
             cache.forget(worker_id)
             # Mappings learned before the clear in this call are void after it.
             learned[:] = [x for x in learned if x[0] != worker_id]

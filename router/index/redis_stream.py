@@ -1,0 +1,78 @@
+"""The Redis index's write stream: a batch's ``APPLY`` calls go out as each is encoded.
+
+Split from ``router.index.redis``. Why: the client's encoding and the server's script
+ran in series (encode every call, send them as one pipeline, wait); written to the
+socket one by one, the server runs call *k* while the client encodes call *k + 1*, so
+a call's wall time tends to the larger of the two instead of their sum. One connection
+and one reply per call, read in order after the last is sent: a worker's batches run in
+the order given, each one script (atomic with its ``SeqOp``).
+
+Epochs (``router.index.redis_cache``): every call of a worker carries the epoch its plan
+assumed -- the cache's at the start of the stream, or the epoch of the worker's clear in
+an earlier call of the same stream. So if a call is refused (``StaleMappings``), every
+later call of that worker in the stream is refused too (its expected epoch never became
+the server's), and no later batch applies ahead of the refused one's replan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from router.index.base import GroupMeta, Op
+from router.index.redis_cache import MappingCache
+from router.index.redis_codec import Learned, apply_args, worker_prefix
+
+Item = tuple[str, dict[int, GroupMeta], Sequence[Op]]
+
+
+def encoded_calls(
+    items: Sequence[Item],
+    cache: MappingCache,
+    ghost_cap: int,
+    shards: int,
+    learned: list[Learned],
+) -> Iterator[tuple[str, list[Any]]]:
+    """(key, arguments) of each item's ``APPLY``, encoded lazily (the stream sends one
+    before it encodes the next). Each call expects the epoch its plan assumed (see the
+    module docstring): the cache's, then the last clear's of this stream."""
+    expect: dict[str, bytes | None] = {}
+    for w, groups, ops in items:
+        epoch = expect[w] if w in expect else cache.epoch(w)
+        clears: dict[str, bytes] = {}
+        args = apply_args(w, ghost_cap, groups, ops, learned, cache, shards, clears)
+        if epoch is not None:
+            args.insert(4, b"5 " + epoch)
+        expect[w] = clears.get(w, epoch)
+        yield worker_prefix(w, shards) + "keys", args
+
+
+async def stream_evalsha(r: Any, sha: str, calls: Iterable[tuple[str, list[Any]]]) -> list[Any]:
+    """``EVALSHA sha 1 key *args`` per call on one pooled connection, each written as
+    soon as it is encoded; the replies in order (a script error as its exception, like a
+    pipeline's). A failure mid-stream drops the connection (replies would be out of
+    step) and raises."""
+    pool = r.connection_pool
+    conn = await pool.get_connection()
+    try:
+        if not conn.is_connected:
+            await conn.connect()
+        sent = 0
+        for key, args in calls:
+            conn._writer.writelines(conn.pack_command("EVALSHA", sha, 1, key, *args))
+            sent += 1
+        await conn._writer.drain()
+        replies: list[Any] = []
+        for _ in range(sent):
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise
+    finally:
+        await pool.release(conn)
