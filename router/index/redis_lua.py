@@ -5,7 +5,8 @@ whatever the worker count -- ``router.index.redis_read``). Workers are split int
 (one on a single server); every key of a shard shares its hash tag, ``kvroute:{ix:<n>}:``
 (``X``), so every write script runs in one Redis Cluster slot.
 
-Shared by the shard's workers: ``X..'x:'..g`` hash key(8 bytes) -> the holders of that block in
+Shared by the shard's workers: ``X..'x:'..g`` hash key (its last 6 bytes,
+``redis_codec.ROW_KEY_BYTES``) -> the holders of that block in
 group ``g``: 3 bytes per worker slot holding it, ``code(slot)`` (2 bytes, each >= 8)
 then the media mask (1..7). A mask byte is < 8 and a code byte >= 8, so a plain
 ``string.find`` of a code can only match at a holder's boundary (C speed, no scan).
@@ -88,6 +89,12 @@ local function with_mask(v, p, m)
   end
   return (v or '') .. CM[m]
 end
+-- Row fields: a key's last 6 bytes (redis_codec.ROW_KEY_BYTES); ``ks`` from i to j.
+local function rows_of(ks, i, j)
+  local t = {}
+  for q = i or 1, j or #ks do t[#t + 1] = sub(ks[q], 3, 8) end
+  return t
+end
 local function write_rows(XG, upd, gone)
   if #upd > 0 then redis.call('HSET', XG, unpack(upd)) end
   if #gone > 0 then redis.call('HDEL', XG, unpack(gone)) end
@@ -100,7 +107,7 @@ local function leave_rows()
     local ks = redis.call('HVALS', P .. 'e:' .. bs)
     for lo = 1, #ks, 2000 do
       local hi = math.min(#ks, lo + 1999)
-      local vs = redis.call('HMGET', XG, unpack(ks, lo, hi))
+      local vs = redis.call('HMGET', XG, unpack(rows_of(ks, lo, hi)))
       local upd, gone, seen = {}, {}, {}
       for j = lo, hi do
         local k = ks[j]
@@ -108,7 +115,8 @@ local function leave_rows()
         if p and not seen[k] then
           seen[k] = true
           local v = with_mask(vs[j - lo + 1], p, 0)
-          if v == '' then gone[#gone + 1] = k else upd[#upd + 1] = k; upd[#upd + 1] = v end
+          local f = sub(k, 3, 8)
+          if v == '' then gone[#gone + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
         end
       end
       write_rows(XG, upd, gone)
@@ -210,7 +218,7 @@ while i <= nargs do
         if blob then resolved[blob] = ks end
       end
       i = i + 1
-      local vs = redis.call('HMGET', XG, unpack(ks))
+      local vs = redis.call('HMGET', XG, unpack(rows_of(ks)))
       local cur, order, no, dup = {}, {}, 0, {}
       local CMB = CM[b]
       for j = 1, n do
@@ -241,7 +249,7 @@ while i <= nargs do
         local upd = {}
         for q = 1, no do
           local k = order[q]
-          upd[2 * q - 1] = k
+          upd[2 * q - 1] = sub(k, 3, 8)
           upd[2 * q] = cur[k]
         end
         redis.call('HSET', XG, unpack(upd, 1, 2 * no))
@@ -262,7 +270,7 @@ while i <= nargs do
       local kl = {}
       for j = 1, n do if ks[j] then kl[#kl + 1] = ks[j] end end
       if #kl > 0 then
-        local vs = redis.call('HMGET', XG, unpack(kl))
+        local vs = redis.call('HMGET', XG, unpack(rows_of(kl)))
         local cur, order = {}, {}
         for j = 1, #kl do
           if cur[kl[j]] == nil then
@@ -312,7 +320,8 @@ while i <= nargs do
         for _, k in ipairs(order) do
           if dirty[k] then
             local v = cur[k]
-            if v == '' then empty[#empty + 1] = k else upd[#upd + 1] = k; upd[#upd + 1] = v end
+            local f = sub(k, 3, 8)
+            if v == '' then empty[#empty + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
             if mask_in(v) == 0 then gone[#gone + 1] = k end
           end
         end
@@ -321,7 +330,7 @@ while i <= nargs do
           redis.call('HINCRBY', N, 'k', -#gone)
           local there_ = {}
           for _, XS in ipairs(sibs) do
-            local there = redis.call('HMGET', XS, unpack(gone))
+            local there = redis.call('HMGET', XS, unpack(rows_of(gone)))
             for j = 1, #gone do
               if mask_in(there[j]) ~= 0 then there_[gone[j]] = true end
             end
