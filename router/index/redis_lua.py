@@ -179,10 +179,10 @@ while i <= nargs do
     local n, hw, nsib = tonumber(hdr[5]), tonumber(hdr[6]), tonumber(hdr[7])
     local sibs = {}
     for s = 1, nsib do sibs[s] = X .. 'x:' .. hdr[7 + s] end
-    local hs, blob
+    local hs, blob, hraw
     if hw > 0 then
-      blob = bs .. ':' .. ARGV[i]
-      hs = split(ARGV[i], hw, n)
+      -- Split only when needed: a hybrid model's second group reuses the first's keys.
+      blob, hraw = bs .. ':' .. ARGV[i], ARGV[i]
       i = i + 1
     else
       hs = {}
@@ -196,8 +196,12 @@ while i <= nargs do
       note(REV, N)  -- first: a failing write (WRONGTYPE) then changes nothing
       note(REV, E)
       note(GS, g .. ' ' .. bs)
-      local ks = blob and resolved[blob]
-      if not ks then
+      local ks, rk = nil, nil
+      local got = blob and resolved[blob]
+      if got then
+        ks, rk = got[1], got[2]
+      else
+        hs = hs or split(hraw, hw, n)
         ks = split(ARGV[i], 8, n)
         local known = redis.call('HMGET', E, unpack(hs))
         local pending, newmap, nm = {}, {}, 0
@@ -215,10 +219,11 @@ while i <= nargs do
           end
         end
         if nm > 0 then redis.call('HSET', E, unpack(newmap, 1, nm)) end
-        if blob then resolved[blob] = ks end
+        rk = rows_of(ks)
+        if blob then resolved[blob] = {ks, rk} end
       end
       i = i + 1
-      local vs = redis.call('HMGET', XG, unpack(rows_of(ks)))
+      local vs = redis.call('HMGET', XG, unpack(rk))
       local cur, order, no, dup = {}, {}, 0, {}
       local CMB = CM[b]
       for j = 1, n do
@@ -266,6 +271,7 @@ while i <= nargs do
     else
       resolved = {}  -- the map may lose entries here
       local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
+      hs = hs or split(hraw, hw, n)
       local ks = redis.call('HMGET', E, unpack(hs))
       local kl = {}
       for j = 1, n do if ks[j] then kl[#kl + 1] = ks[j] end end
