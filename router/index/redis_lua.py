@@ -35,8 +35,8 @@ from __future__ import annotations
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
 #   "3 epoch" (clear; the worker's cache epoch becomes ``epoch``, see RedisIndex.resolve)
 #   "4 rank seq fingerprint" (a batch boundary: skip to the next one if seq is not new)
-#   "5 epoch" (only first: the worker's epoch must still be ``epoch``, else nothing is
-#   written and the reply ends with 1 -- the client planned from stale cached mappings)
+#   "5 epoch..." (only first: the worker's epoch must still be one of these, else nothing
+#   is written and the reply ends with 1 -- the client planned from stale cached mappings)
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
 # arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
 # HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
@@ -123,12 +123,16 @@ local function leave_rows()
     end
   end
 end
--- "5 epoch" first: the mappings the client resolved from its cache hold only under
--- that epoch; another replica cleared or re-created the worker since -> write nothing.
+-- "5 epoch..." first: the mappings the client resolved from its cache hold only under
+-- those epochs; another replica cleared or re-created the worker since -> write nothing.
 local i = 5
 if sub(ARGV[5] or '', 1, 2) == '5 ' then
   local have = redis.call('HGET', P .. 'meta', 'epoch')
-  if have ~= sub(ARGV[5], 3) then return {0, 0, 0, 0, 0, have or '', 1} end
+  local ok = false
+  for e in string.gmatch(sub(ARGV[5], 3), '%S+') do
+    if e == have then ok = true end
+  end
+  if not ok then return {0, 0, 0, 0, 0, have or '', 1} end
   i = 6
 end
 slot_code()

@@ -9,11 +9,14 @@ redis-py's general packer. One connection and one reply per call, read in order 
 the last is sent: a worker's batches run in the order given, each one script (atomic
 with its ``SeqOp``).
 
-Epochs (``router.index.redis_cache``): every call of a worker carries the epoch its plan
-assumed -- the cache's at the start of the stream, or the epoch of the worker's clear in
-an earlier call of the same stream. So if a call is refused (``StaleMappings``), every
-later call of that worker in the stream is refused too (its expected epoch never became
-the server's), and no later batch applies ahead of the refused one's replan.
+Epochs (``router.index.redis_cache``): every call of a worker carries the epochs its
+plan may have been made under -- the cache's at the start of the stream, plus the epoch
+of each clear of the worker in an earlier call of the same stream (the clear ran, or its
+batch was skipped by seq because another replica applied it, and the epoch stayed). An
+epoch is a fresh random token that never comes back, so if a call is refused
+(``StaleMappings``) the server's epoch is none of its list, and none of the worker's
+later calls in the stream is taken either (their lists only add clears that never ran):
+no batch applies ahead of the refused one's replan.
 """
 
 from __future__ import annotations
@@ -38,16 +41,21 @@ def encoded_calls(
     learned: list[Learned],
 ) -> Iterator[tuple[str, list[Any]]]:
     """(key, arguments) of each item's ``APPLY``, encoded lazily (the stream sends one
-    before it encodes the next). Each call expects the epoch its plan assumed (see the
-    module docstring): the cache's, then the last clear's of this stream."""
-    expect: dict[str, bytes | None] = {}
+    before it encodes the next). Each call expects the epochs its plan may have been
+    made under (see the module docstring): the cache's, and the epoch of each clear of
+    the worker earlier in this stream (that clear ran, or its batch was skipped by seq
+    and the epoch is still the one before it)."""
+    expect: dict[str, list[bytes]] = {}
     for w, groups, ops in items:
-        epoch = expect[w] if w in expect else cache.epoch(w)
+        if w not in expect:
+            epoch = cache.epoch(w)
+            expect[w] = [epoch] if epoch is not None else []
         clears: dict[str, bytes] = {}
         args = apply_args(w, ghost_cap, groups, ops, learned, cache, shards, clears)
-        if epoch is not None:
-            args.insert(4, b"5 " + epoch)
-        expect[w] = clears.get(w, epoch)
+        if expect[w]:
+            args.insert(4, b"5 " + b" ".join(expect[w]))
+        if w in clears:
+            expect[w] = [*expect[w], clears[w]]
         yield worker_prefix(w, shards) + "keys", args
 
 
