@@ -21,6 +21,8 @@ install: $(VENV)/.installed
 
 # System packages the tests need: a real redis-server and Chromium for the browser test;
 # libxxhash-dev for the compiled core's chain hash (docs/development.md#the-compiled-core).
+# Optional: valkey-server for tests/router/index/test_valkey.py (skipped without it); Debian
+# bookworm has it only in bookworm-backports; a failed install never fails the build.
 system-deps:
 	@need=""; \
 	command -v redis-server >/dev/null || need="$$need redis-server"; \
@@ -30,6 +32,15 @@ system-deps:
 	  echo "installing:$$need"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$need; \
 	fi
+	@command -v valkey-server >/dev/null || { \
+	  grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release && \
+	  echo "installing: valkey-server (bookworm-backports; optional)" && \
+	  { grep -rqs '^deb .*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/ || \
+	    echo 'deb http://deb.debian.org/debian bookworm-backports main' | \
+	      $(SUDO) tee /etc/apt/sources.list.d/bookworm-backports.list >/dev/null; } && \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $(SUDO) apt-get install -y -qq -t bookworm-backports valkey-server; \
+	} || echo "valkey-server not installed: the Valkey tests skip"
 
 lint: install
 	$(BIN)/ruff check .

@@ -14,8 +14,9 @@ in-process index as the peer measured in the same run.
   over 16 shards: one script call per node, concurrently) against one redis-server, in
   the same run.
 
-Run: ``python benchmarks/router_core_redis.py [--json] [--quick] [--workers 8,64,256]``
-(starts a private ``redis-server`` on loopback unless ``--redis-url`` is given).
+Run: ``python benchmarks/router_core_redis.py [--json] [--quick] [--workers 8,64,256]
+[--bytes-workers 8,64,256] [--redis-server valkey-server]`` (starts a private server on
+loopback unless ``--redis-url`` is given).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis
-from router_core import bench_ingest, make_stream, populate, start_redis
+import redis.asyncio
+from router_core import bench_ingest, make_stream, populate
 
 from router.index import IndexBackend, make_index
 from router.score.scorer import Scorer
@@ -114,6 +116,31 @@ def start_cluster() -> tuple[list[subprocess.Popen[bytes]], str] | None:
     return procs, f"redis+cluster://127.0.0.1:{data[0]}"
 
 
+def start_server(binary_name: str) -> tuple[subprocess.Popen[bytes], str] | None:
+    """A private ``redis-server`` (or ``valkey-server``) on a free loopback port."""
+    binary = shutil.which(binary_name)
+    if binary is None:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            client.ping()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.05)
+    proc.kill()
+    return None
+
+
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return round(xs[min(len(xs) - 1, int(len(xs) * q))] * 1e3, 3)
@@ -182,7 +209,7 @@ async def _server_cpu_s(index: IndexBackend) -> float:
 async def redis_ingest(url: str, block_events: int, capacity: int) -> dict[str, Any]:
     stream, total = make_stream(8, block_events, capacity)
     index = make_index("redis", url)
-    await index._r.flushall()  # type: ignore[attr-defined]
+    await index._r.execute_command("FLUSHALL", "SYNC")  # type: ignore[attr-defined]
     cpu0 = await _server_cpu_s(index)
     got = {"redis": await bench_ingest(index, stream, total, drain=16)}
     server_s = await _server_cpu_s(index) - cpu0
@@ -202,14 +229,22 @@ async def redis_ingest(url: str, block_events: int, capacity: int) -> dict[str, 
 
 
 async def redis_bytes(url: str, n_workers: int, block_events: int, capacity: int) -> dict[str, Any]:
+    """``block_events`` stores (about as many entries: no evictions at these sizes)."""
     index = make_index("redis", url)
     r = index._r  # type: ignore[attr-defined]
-    await r.flushall()
+    await r.execute_command("FLUSHALL", "SYNC")  # Valkey flushes lazily by default
     before = int((await r.info("memory"))["used_memory"])
     stream, total = make_stream(n_workers, block_events, capacity, seed=7)
     await bench_ingest(index, stream, total, drain=16)
     after = int((await r.info("memory"))["used_memory"])
     stats = await index.stats()
+    # MEMORY USAGE (every field counted: SAMPLES 0) by key type: the shared rows (x:),
+    # the engine-hash maps (e:), everything else.
+    parts = {"rows": 0, "maps": 0, "other": 0}
+    async for name in r.scan_iter(count=1000):
+        used = int(await r.memory_usage(name, samples=0) or 0)
+        kind = "rows" if b":x:" in name else "maps" if b":e:" in name else "other"
+        parts[kind] += used
     await index.close()
     entries = int(stats["entries"])
     return {
@@ -217,17 +252,28 @@ async def redis_bytes(url: str, n_workers: int, block_events: int, capacity: int
         "entries": entries,
         "map_entries": stats["map_entries"],
         "bytes_per_entry": round((after - before) / entries, 1),
+        **{f"{k}_per_entry": round(v / entries, 1) for k, v in parts.items()},
     }
+
+
+async def _server_version(url: str) -> str:
+    r = redis.asyncio.Redis.from_url(url)
+    info = await r.info("server")
+    await r.aclose()
+    if "valkey_version" in info:
+        return f"valkey {info['valkey_version']}"
+    return f"redis {info['redis_version']}"
 
 
 async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     res: dict[str, Any] = {"load": os.getloadavg()[0], "score": [], "bytes": []}
+    res["server"] = await _server_version(url)
     res["ingest"] = await redis_ingest(url, args.block_events, args.capacity)
     for n in args.workers:
         for scenario in ("typical", "all-hit"):
             res["score"].append(await redis_score(url, n, scenario, args.queries))
-    for n in args.workers:
-        res["bytes"].append(await redis_bytes(url, n, args.block_events // 2, args.capacity))
+    for n in args.bytes_workers or args.workers:
+        res["bytes"].append(await redis_bytes(url, n, args.bytes_entries, args.capacity))
     if args.cluster:
         started = start_cluster()
         if started is None:
@@ -257,19 +303,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity", type=int, default=8192, help="blocks per worker and group")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--workers", type=_ints, default=[8, 64, 256])
-    ap.add_argument("--redis-url", default=None, help="default: start a private redis-server")
+    ap.add_argument(
+        "--bytes-workers", type=_ints, default=None, help="worker counts of the bytes line"
+    )
+    ap.add_argument(
+        "--bytes-entries",
+        type=int,
+        default=100_000,
+        help="(worker, group, block) entries the bytes line is measured at",
+    )
+    ap.add_argument("--redis-url", default=None, help="default: start a private server")
+    ap.add_argument(
+        "--redis-server",
+        default="redis-server",
+        help="the binary of the private server (e.g. valkey-server)",
+    )
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--cluster", action="store_true", help="also score on a 3-master cluster")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
         args.block_events, args.queries, args.workers = 20_000, 20, [8, 64]
+        args.bytes_entries = 20_000
     proc = None
     url = args.redis_url
     if url is None:
-        started = start_redis()
+        started = start_server(args.redis_server)
         if started is None:
-            print("redis-server not available", file=sys.stderr)
+            print(f"{args.redis_server} not available", file=sys.stderr)
             return 1
         proc, url = started
     try:
@@ -281,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
+    print(f"server: {res['server']}")
     print(f"load average (1 min): {res['load']:.1f} before, {res['load_after']:.1f} after")
     ing = res["ingest"]
     for k in ("redis", "memory"):
@@ -317,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in res["bytes"]:
         print(
             f"bytes redis {r['workers']:>3} workers: {r['bytes_per_entry']} bytes/entry "
-            f"over {r['entries']:,} entries ({r['map_entries']:,} map entries)"
+            f"over {r['entries']:,} entries ({r['map_entries']:,} map entries); MEMORY USAGE "
+            f"per entry: rows {r['rows_per_entry']}, maps {r['maps_per_entry']}, "
+            f"other {r['other_per_entry']}"
         )
     return 0
 

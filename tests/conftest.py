@@ -1,7 +1,8 @@
 """Shared fixtures (router and conformance tests): a real ``redis-server`` on a free port,
 and ``tests/support`` (the test helpers: ``_helpers``, ``_kv_streams``) on ``sys.path``.
 
-``redis_server`` (session) is one server for the whole run; ``redis_url`` hands each test
+``redis_server`` (session) is one server for the whole run (``valkey_server`` one
+valkey-server, skipped where it is not installed); ``redis_url`` hands each test
 an empty database on it; ``redis_factory`` starts private servers a test may stop (outage
 tests). A missing ``redis-server`` binary fails loudly instead of skipping.
 """
@@ -46,11 +47,12 @@ class RedisServer:
             self.proc.wait(timeout=10)
 
 
-def start_redis_server() -> RedisServer:
-    binary = shutil.which("redis-server")
+def start_redis_server(name: str = "redis-server") -> RedisServer:
+    """``name``: the server binary (``valkey-server`` speaks the same protocol)."""
+    binary = shutil.which(name)
     if binary is None:
         pytest.fail(
-            "redis-server not found on PATH: the router tests need a real Redis "
+            f"{name} not found on PATH: the router tests need a real Redis "
             "(`apt-get install -y redis-server`, or run `make test`, which installs it)",
             pytrace=False,
         )
@@ -83,12 +85,25 @@ def start_redis_server() -> RedisServer:
             time.sleep(0.02)
         server.stop()
         last_error = f"{last_error} (exit code {proc.returncode})"
-    pytest.fail(f"redis-server did not answer PING: {last_error}", pytrace=False)
+    pytest.fail(f"{name} did not answer PING: {last_error}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     server = start_redis_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[RedisServer]:
+    """A ``valkey-server`` (the Redis fork); the tests using it skip where it is absent."""
+    if shutil.which("valkey-server") is None:
+        pytest.skip(
+            "valkey-server not installed: `make system-deps` installs it from Debian "
+            "bookworm-backports where it can (the Redis tests cover the same code)"
+        )
+    server = start_redis_server("valkey-server")
     yield server
     server.stop()
 

@@ -46,7 +46,6 @@ from router.index.redis_codec import (
     INDEX_PREFIX,
     Learned,
     State,
-    apply_args,
     encode_hash,
     encode_hashes,
     index_prefix,
@@ -60,6 +59,7 @@ from router.index.redis_codec import (
 )
 from router.index.redis_meta import MetaCache
 from router.index.redis_read import RedisReads
+from router.index.redis_stream import encoded_calls, stream_evalsha
 
 __all__ = [
     "RedisIndex",
@@ -284,30 +284,36 @@ class RedisIndex(RedisReads):
     async def apply_many(
         self, items: Sequence[tuple[str, dict[int, GroupMeta], Sequence[Op]]]
     ) -> list[ApplyResult]:
-        # Mappings enter the local cache only once Redis took the write (a failed write
-        # must not leave mappings Redis does not hold); dropping entries is always safe.
+        # Mappings are cached only once Redis took the write (router.index.redis_stream).
         learned: list[Learned] = []
-        calls = []
-        for w, groups, ops in items:
-            epoch = self._mappings.epoch(w)  # what the plan's cached mappings assumed
-            args = apply_args(w, self._ghost_cap, groups, ops, learned, self._mappings, self.shards)
-            if epoch is not None:
-                args.insert(4, b"5 " + epoch)
-            calls.append((self._prefix(w), args))
         sha = await self._call(lambda: self._script_sha("APPLY"))
 
-        async def run() -> list[Any]:
-            pipe = self._r.pipeline(transaction=False)
-            for prefix, args in calls:
-                # execute_command: redis-py blocks the evalsha helper in cluster pipelines
-                pipe.execute_command("EVALSHA", sha, 1, prefix + "keys", *args)
-            return await pipe.execute()
+        def encode() -> Any:
+            return encoded_calls(items, self._mappings, self._ghost_cap, self.shards, learned)
 
-        try:
+        calls = encode()
+        if self.cluster:  # a pipeline routes each call to its slot's node
+            calls = list(calls)
+
+        async def run() -> list[Any]:
+            if not self.cluster:  # each call goes out as soon as it is encoded
+                return await stream_evalsha(self._r, sha, calls)
+            pipe = self._r.pipeline(transaction=False)
+            for key, args in calls:
+                # execute_command: redis-py blocks the evalsha helper in cluster pipelines
+                pipe.execute_command("EVALSHA", sha, 1, key, *args)
+            return await pipe.execute(raise_on_error=False)
+
+        replies = await self._call(run)
+        if any(isinstance(got, NoScriptError) for got in replies):
+            # Redis restarted or SCRIPT FLUSH: nothing ran (every call names the script).
+            sha = await self._call(lambda: self._script_sha("APPLY", reload=True))
+            learned.clear()
+            calls = list(encode())
             replies = await self._call(run)
-        except NoScriptError:  # Redis restarted or SCRIPT FLUSH: nothing ran, send again
-            await self._call(lambda: self._script_sha("APPLY", reload=True))
-            replies = await self._call(run)
+        for got in replies:
+            if isinstance(got, Exception):
+                raise got
         stale = set()
         for (worker_id, _, _), got in zip(items, replies, strict=True):
             self._mappings.check_epoch(worker_id, got[5] or None if len(got) > 5 else None)

@@ -112,6 +112,25 @@ def key_blob(keys: Sequence[BlockKey]) -> bytes:
     return _be_bytes(array("Q", keys))
 
 
+# A shared row's field is its block key's last ROW_KEY_BYTES bytes (big-endian): a
+# 6-byte field fits Redis's 8-byte allocation class (8 bytes take 16), 8 bytes less per
+# row. Why that is safe enough: two distinct blocks of one (shard, group) share a field
+# with probability ~N^2 / 2^49 over N blocks (~1e-3 at a million, ~1 at 25 million) and
+# then only merge holders for those two blocks; a worker's hit grows only if it holds
+# every block before the colliding one. Keys themselves (maps, parents) stay 64-bit.
+ROW_KEY_BYTES = 6
+
+
+def row_blob(keys: Sequence[BlockKey]) -> bytes:
+    """Block keys as consecutive row fields (``ROW_KEY_BYTES`` each), for ``FETCH``."""
+    raw = key_blob(keys)
+    n = len(keys)
+    out = bytearray(ROW_KEY_BYTES * n)
+    for b in range(ROW_KEY_BYTES):
+        out[b::ROW_KEY_BYTES] = raw[8 - ROW_KEY_BYTES + b :: 8]
+    return bytes(out)
+
+
 def new_epoch() -> int:
     """A fresh epoch token (see the module docstring); random, so a worker removed and
     created again never gets a token a cache was built under."""
@@ -131,9 +150,11 @@ def apply_args(
     learned: list[Learned],
     cache: MappingCache,
     shards: int = 1,
+    clears: dict[str, bytes] | None = None,
 ) -> list[Any]:
     """``APPLY``'s arguments for one worker's ops (format: ``router.index.redis_lua``);
-    ``learned`` collects the mappings to cache once Redis took the write. Per op only
+    ``learned`` collects the mappings to cache once Redis took the write, ``clears`` the
+    epoch of the worker's last clear in these ops. Per op only
     what differs is built: a group's header tail once per call, and a hybrid model's
     second group (same hashes and keys) reuses the first one's blobs."""
     prefix = worker_prefix(worker_id, shards)
@@ -146,7 +167,10 @@ def apply_args(
             args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
             continue
         if isinstance(op, ClearOp):
-            args.append(f"3 {new_epoch()}".encode())
+            epoch = str(new_epoch()).encode()
+            args.append(b"3 " + epoch)
+            if clears is not None:
+                clears[worker_id] = epoch
             cache.forget(worker_id)
             # Mappings learned before the clear in this call are void after it.
             learned[:] = [x for x in learned if x[0] != worker_id]

@@ -5,7 +5,8 @@ whatever the worker count -- ``router.index.redis_read``). Workers are split int
 (one on a single server); every key of a shard shares its hash tag, ``kvroute:{ix:<n>}:``
 (``X``), so every write script runs in one Redis Cluster slot.
 
-Shared by the shard's workers: ``X..'x:'..g`` hash key(8 bytes) -> the holders of that block in
+Shared by the shard's workers: ``X..'x:'..g`` hash key (its last 6 bytes,
+``redis_codec.ROW_KEY_BYTES``) -> the holders of that block in
 group ``g``: 3 bytes per worker slot holding it, ``code(slot)`` (2 bytes, each >= 8)
 then the media mask (1..7). A mask byte is < 8 and a code byte >= 8, so a plain
 ``string.find`` of a code can only match at a holder's boundary (C speed, no scan).
@@ -34,8 +35,8 @@ from __future__ import annotations
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
 #   "3 epoch" (clear; the worker's cache epoch becomes ``epoch``, see RedisIndex.resolve)
 #   "4 rank seq fingerprint" (a batch boundary: skip to the next one if seq is not new)
-#   "5 epoch" (only first: the worker's epoch must still be ``epoch``, else nothing is
-#   written and the reply ends with 1 -- the client planned from stale cached mappings)
+#   "5 epoch..." (only first: the worker's epoch must still be one of these, else nothing
+#   is written and the reply ends with 1 -- the client planned from stale cached mappings)
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
 # arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
 # HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
@@ -88,6 +89,12 @@ local function with_mask(v, p, m)
   end
   return (v or '') .. CM[m]
 end
+-- Row fields: a key's last 6 bytes (redis_codec.ROW_KEY_BYTES); ``ks`` from i to j.
+local function rows_of(ks, i, j)
+  local t = {}
+  for q = i or 1, j or #ks do t[#t + 1] = sub(ks[q], 3, 8) end
+  return t
+end
 local function write_rows(XG, upd, gone)
   if #upd > 0 then redis.call('HSET', XG, unpack(upd)) end
   if #gone > 0 then redis.call('HDEL', XG, unpack(gone)) end
@@ -100,7 +107,7 @@ local function leave_rows()
     local ks = redis.call('HVALS', P .. 'e:' .. bs)
     for lo = 1, #ks, 2000 do
       local hi = math.min(#ks, lo + 1999)
-      local vs = redis.call('HMGET', XG, unpack(ks, lo, hi))
+      local vs = redis.call('HMGET', XG, unpack(rows_of(ks, lo, hi)))
       local upd, gone, seen = {}, {}, {}
       for j = lo, hi do
         local k = ks[j]
@@ -108,19 +115,24 @@ local function leave_rows()
         if p and not seen[k] then
           seen[k] = true
           local v = with_mask(vs[j - lo + 1], p, 0)
-          if v == '' then gone[#gone + 1] = k else upd[#upd + 1] = k; upd[#upd + 1] = v end
+          local f = sub(k, 3, 8)
+          if v == '' then gone[#gone + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
         end
       end
       write_rows(XG, upd, gone)
     end
   end
 end
--- "5 epoch" first: the mappings the client resolved from its cache hold only under
--- that epoch; another replica cleared or re-created the worker since -> write nothing.
+-- "5 epoch..." first: the mappings the client resolved from its cache hold only under
+-- those epochs; another replica cleared or re-created the worker since -> write nothing.
 local i = 5
 if sub(ARGV[5] or '', 1, 2) == '5 ' then
   local have = redis.call('HGET', P .. 'meta', 'epoch')
-  if have ~= sub(ARGV[5], 3) then return {0, 0, 0, 0, 0, have or '', 1} end
+  local ok = false
+  for e in string.gmatch(sub(ARGV[5], 3), '%S+') do
+    if e == have then ok = true end
+  end
+  if not ok then return {0, 0, 0, 0, 0, have or '', 1} end
   i = 6
 end
 slot_code()
@@ -171,10 +183,10 @@ while i <= nargs do
     local n, hw, nsib = tonumber(hdr[5]), tonumber(hdr[6]), tonumber(hdr[7])
     local sibs = {}
     for s = 1, nsib do sibs[s] = X .. 'x:' .. hdr[7 + s] end
-    local hs, blob
+    local hs, blob, hraw
     if hw > 0 then
-      blob = bs .. ':' .. ARGV[i]
-      hs = split(ARGV[i], hw, n)
+      -- Split only when needed: a hybrid model's second group reuses the first's keys.
+      blob, hraw = bs .. ':' .. ARGV[i], ARGV[i]
       i = i + 1
     else
       hs = {}
@@ -188,8 +200,12 @@ while i <= nargs do
       note(REV, N)  -- first: a failing write (WRONGTYPE) then changes nothing
       note(REV, E)
       note(GS, g .. ' ' .. bs)
-      local ks = blob and resolved[blob]
-      if not ks then
+      local ks, rk = nil, nil
+      local got = blob and resolved[blob]
+      if got then
+        ks, rk = got[1], got[2]
+      else
+        hs = hs or split(hraw, hw, n)
         ks = split(ARGV[i], 8, n)
         local known = redis.call('HMGET', E, unpack(hs))
         local pending, newmap, nm = {}, {}, 0
@@ -207,10 +223,11 @@ while i <= nargs do
           end
         end
         if nm > 0 then redis.call('HSET', E, unpack(newmap, 1, nm)) end
-        if blob then resolved[blob] = ks end
+        rk = rows_of(ks)
+        if blob then resolved[blob] = {ks, rk} end
       end
       i = i + 1
-      local vs = redis.call('HMGET', XG, unpack(ks))
+      local vs = redis.call('HMGET', XG, unpack(rk))
       local cur, order, no, dup = {}, {}, 0, {}
       local CMB = CM[b]
       for j = 1, n do
@@ -241,7 +258,7 @@ while i <= nargs do
         local upd = {}
         for q = 1, no do
           local k = order[q]
-          upd[2 * q - 1] = k
+          upd[2 * q - 1] = sub(k, 3, 8)
           upd[2 * q] = cur[k]
         end
         redis.call('HSET', XG, unpack(upd, 1, 2 * no))
@@ -258,11 +275,12 @@ while i <= nargs do
     else
       resolved = {}  -- the map may lose entries here
       local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
+      hs = hs or split(hraw, hw, n)
       local ks = redis.call('HMGET', E, unpack(hs))
       local kl = {}
       for j = 1, n do if ks[j] then kl[#kl + 1] = ks[j] end end
       if #kl > 0 then
-        local vs = redis.call('HMGET', XG, unpack(kl))
+        local vs = redis.call('HMGET', XG, unpack(rows_of(kl)))
         local cur, order = {}, {}
         for j = 1, #kl do
           if cur[kl[j]] == nil then
@@ -312,7 +330,8 @@ while i <= nargs do
         for _, k in ipairs(order) do
           if dirty[k] then
             local v = cur[k]
-            if v == '' then empty[#empty + 1] = k else upd[#upd + 1] = k; upd[#upd + 1] = v end
+            local f = sub(k, 3, 8)
+            if v == '' then empty[#empty + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
             if mask_in(v) == 0 then gone[#gone + 1] = k end
           end
         end
@@ -321,7 +340,7 @@ while i <= nargs do
           redis.call('HINCRBY', N, 'k', -#gone)
           local there_ = {}
           for _, XS in ipairs(sibs) do
-            local there = redis.call('HMGET', XS, unpack(gone))
+            local there = redis.call('HMGET', XS, unpack(rows_of(gone)))
             for j = 1, #gone do
               if mask_in(there[j]) ~= 0 then there_[gone[j]] = true end
             end

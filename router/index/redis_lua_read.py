@@ -12,8 +12,9 @@ from __future__ import annotations
 # X (its prefix), the metadata version the client holds its workers' metadata at ("-":
 # none), the worker ids (one msgpack array), the tables to read as the client derived
 # them from that metadata ("bounded;g,bs,all_full,any_full;..."); then pairs (block
-# size, concatenated 8-byte keys). When the version is current the ids and plans are
-# not read; otherwise the tables are derived from the workers' plans.
+# size, concatenated 6-byte row fields: ``redis_codec.ROW_KEY_BYTES``). When the version
+# is current the ids and plans are not read; otherwise the tables are derived from the
+# workers' plans.
 # Returns per shard {version, states, slots, ntables, then per table g, bs, n, rows}:
 # the workers' metadata and slots (false when unknown) -- or false twice when the
 # client's version is current (``X..'ver'`` grows with every metadata or slot change)
@@ -32,7 +33,7 @@ local fields = {}
 for a = 2 + 4 * K, #ARGV, 2 do
   local blob = ARGV[a + 1]
   local t = {}
-  for j = 0, #blob / 8 - 1 do t[j + 1] = string.sub(blob, j * 8 + 1, j * 8 + 8) end
+  for j = 0, #blob / 6 - 1 do t[j + 1] = string.sub(blob, j * 6 + 1, j * 6 + 6) end
   fields[ARGV[a]] = t
 end
 local out = {}

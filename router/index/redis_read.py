@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from router.index.base import GPU_BIT, BlockKey, Columns, IndexBackend, WorkerSnapshot
-from router.index.redis_codec import index_prefix, key_blob, shard_of
+from router.index.redis_codec import ROW_KEY_BYTES, index_prefix, row_blob, shard_of
 from router.index.redis_lua_read import FETCH
 from router.index.redis_meta import MetaCache, View
 
@@ -184,7 +184,7 @@ def fetch_args(
         else:  # the ids too: the version may have moved since
             args += [prefix, meta.version, view.packed_ids, view.spec]
     for bs, keys in keys_by_size.items():
-        args += [bs, key_blob(keys)]
+        args += [bs, row_blob(keys)]
     return args
 
 
@@ -223,7 +223,7 @@ class RedisReads(IndexBackend):
         async def run() -> list[Any]:
             pipe = self._r.pipeline(transaction=False)
             pipe.hget(x + "slot", worker_id)
-            pipe.hmget(f"{x}x:{group}", fields)
+            pipe.hmget(f"{x}x:{group}", [f[-ROW_KEY_BYTES:] for f in fields])
             pipe.hmget(f"{prefix}c:{group}", [f + tag for f in fields])
             return await pipe.execute()
 

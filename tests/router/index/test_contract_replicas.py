@@ -151,3 +151,58 @@ async def test_a_batch_planned_from_voided_mappings_is_refused_then_replanned(
         assert (await h.one(old, W)).hit_tokens == 0
     await a.index.close()
     await b.index.close()
+
+
+async def test_a_streams_calls_of_one_worker_apply_in_order_or_not_at_all(redis_url: str) -> None:
+    """One ``apply_many`` streams its calls; each carries the epoch its plan assumed. If a
+    worker's call is refused (another replica cleared the worker), its later calls in the
+    same stream are refused too -- even one that starts with a clear -- so none applies
+    ahead of the refused batch's replan. And a call after the worker's own clear in the
+    stream expects the clear's epoch, not the one before it (it is not refused)."""
+    from router.index.base import GPU_BIT, ClearOp, GroupMeta, StoreOp, WorkerState
+    from router.index.redis import StaleMappings
+
+    a, b = new_index("redis", redis_url), new_index("redis", redis_url)
+    groups = {0: GroupMeta("full_attention", BS)}
+    await a.save_worker(W, WorkerState(dict(groups)))
+    await a.apply(W, groups, [StoreOp(0, GPU_BIT, [11], [101])])
+    await b.clear_worker(W)  # A's cached epoch is void now
+    first = (W, groups, [StoreOp(0, GPU_BIT, [12], [102])])
+    second = (W, groups, [ClearOp(), StoreOp(0, GPU_BIT, [13], [103])])
+    with pytest.raises(StaleMappings):
+        await a.apply_many([first, second])
+    assert await b.resolve(W, BS, [11, 12, 13], live_only=True) == [None, None, None]
+    # The replan (the writer's retry): both, in order -- the clear drops 102.
+    got = await a.apply_many([first, second, (W, groups, [StoreOp(0, GPU_BIT, [14], [104])])])
+    assert [r.stored for r in got] == [1, 1, 1]
+    assert await b.resolve(W, BS, [12, 13, 14], live_only=True) == [None, 103, 104]
+    await a.close()
+    await b.close()
+
+
+async def test_a_stream_replanned_after_another_replica_applied_its_clear_goes_through(
+    redis_url: str,
+) -> None:
+    """Replicas ingesting one stream: B applied batch 1 (a clear, then stores) first. A's
+    stream of batches 1 and 2 is refused once (its cached epoch predates B's clear); the
+    retry's batch 1 is skipped by its seq -- so A's own clear in it never runs -- and
+    batch 2 must still be taken: it may expect the epoch batch 1 left whether or not its
+    clear ran (expecting only A's clear epoch refused it at every retry: a livelock)."""
+    from router.index.base import GPU_BIT, ClearOp, GroupMeta, SeqOp, StoreOp, WorkerState
+    from router.index.redis import StaleMappings
+
+    a, b = new_index("redis", redis_url), new_index("redis", redis_url)
+    groups = {0: GroupMeta("full_attention", BS)}
+    await a.save_worker(W, WorkerState(dict(groups)))
+    await a.apply(W, groups, [StoreOp(0, GPU_BIT, [11], [101])])  # A caches the epoch
+    first = (W, groups, [SeqOp(0, 1, 7), ClearOp(), StoreOp(0, GPU_BIT, [12], [102])])
+    second = (W, groups, [SeqOp(0, 2, 8), StoreOp(0, GPU_BIT, [13], [103])])
+    await b.apply_many([first])
+    with pytest.raises(StaleMappings):
+        await a.apply_many([first, second])
+    got = await a.apply_many([first, second])  # the writer's retry
+    assert [(r.skipped_batches, r.stored) for r in got] == [(1, 0), (0, 1)]
+    assert await b.resolve(W, BS, [11, 12, 13], live_only=True) == [None, 102, 103]
+    assert await b.load_seqs(W) == {0: (2, 8)}
+    await a.close()
+    await b.close()

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from router.index.redis import encode_hash, encode_hashes, key_blob
+from router.index.redis_codec import ROW_KEY_BYTES, row_blob
 
 
 @pytest.mark.parametrize(
@@ -34,6 +35,14 @@ def test_key_blob_is_big_endian_words() -> None:
     assert key_blob(keys) == b"".join(k.to_bytes(8, "big") for k in keys)
     with pytest.raises(OverflowError):
         key_blob([2**64])
+
+
+def test_row_fields_are_the_keys_last_six_bytes() -> None:
+    """``FETCH`` reads rows by ``row_blob``'s fields; ``APPLY`` writes them as
+    ``sub(key, 3, 8)`` of the 8-byte key: both must be the key's low 48 bits."""
+    keys = [0, 1, 2**48 - 1, 2**64 - 1, *(random.Random(6).getrandbits(64) for _ in range(100))]
+    assert ROW_KEY_BYTES == 6
+    assert row_blob(keys) == b"".join(k.to_bytes(8, "big")[2:] for k in keys)
 
 
 def _matrix_by_rows(n: int, width: int, nread: int, rows: bytes) -> list[list[int]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import redis
 from _kv_streams import EventSource, Harness, new_index, tokens
 
@@ -153,3 +154,32 @@ async def test_a_worker_without_a_slot_holds_nothing(redis_url: str) -> None:
             assert got["w0"] == 2 * BS and got["idle"] == 0
     finally:
         await index.close()
+
+
+async def test_a_failing_call_mid_stream_leaves_the_connection_in_step(redis_url: str) -> None:
+    """``apply_many`` streams its calls on one connection and reads the replies after the
+    last: a script error in the middle is raised once every reply was read, the calls
+    around it ran, and the next stream's replies are its own (not the old ones')."""
+    from router.index.base import GPU_BIT, GroupMeta, StoreOp, WorkerState
+    from router.index.redis_codec import worker_prefix
+
+    index = new_index("redis", redis_url)
+    client = redis.Redis.from_url(redis_url)
+    groups = {0: GroupMeta("full_attention", BS)}
+    try:
+        for w in ("a", "b", "c"):
+            await index.save_worker(w, WorkerState(dict(groups)))
+        client.set(worker_prefix("b") + "keys", "not a set")  # b's APPLY fails: WRONGTYPE
+        calls = [(w, groups, [StoreOp(0, GPU_BIT, [1, 2], [10 + i, 20 + i])]) for i, w in
+                 enumerate("abc")]  # fmt: skip
+        with pytest.raises(redis.exceptions.ResponseError):
+            await index.apply_many(calls)
+        assert await index.resolve("a", BS, [1, 2], live_only=True) == [10, 20]
+        assert await index.resolve("c", BS, [1, 2], live_only=True) == [12, 22]
+        assert await index.resolve("b", BS, [1, 2], live_only=True) == [None, None]
+        client.delete(worker_prefix("b") + "keys")
+        got = await index.apply_many([(w, groups, [StoreOp(0, GPU_BIT, [3], [30])]) for w in "abc"])
+        assert [r.stored for r in got] == [1, 1, 1]
+    finally:
+        await index.close()
+        client.close()
