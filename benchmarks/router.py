@@ -153,11 +153,17 @@ async def bench_ingest(
         t0 = time.perf_counter()
         child.stdin.write("go\n")
         child.stdin.flush()
+        first = None
         while any(
             svc.subscriptions.get(w).last_seq.get(0, -1) < t  # type: ignore[union-attr]
             for w, t in targets.items()
         ):
             await asyncio.sleep(0.002)
+            if first is None and any(
+                svc.subscriptions.get(w).last_seq.get(0, -1) >= 0  # type: ignore[union-attr]
+                for w in targets
+            ):
+                first = time.perf_counter() - t0
             if time.perf_counter() - t0 > 300:
                 raise RuntimeError("ingest did not finish")
         dt = time.perf_counter() - t0
@@ -182,6 +188,7 @@ async def bench_ingest(
         "publishers": workers,
         "block_events": total,
         "seconds": round(dt, 3),
+        "first_batch_s": round(first, 4) if first is not None else None,
         "block_events_per_s": round(total / dt),
         "block_events_per_router_cpu_s": round(total / cpu) if cpu > 0 else None,
         # The event loop's thread alone (the router CPU above adds ZMQ's I/O thread).
@@ -353,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                 if r["redis_server_cpu_s"] is not None
                 else ""
             )
+            + f"first batch after {r['first_batch_s']} s; "
             + f"CPU router {r['router_cpu_s']} s, publishers {r['publisher_cpu_s']} s; "
             + f"gaps {r['gaps']}, dropped {r['publisher_dropped']})"
         )

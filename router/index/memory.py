@@ -32,6 +32,7 @@ from router.index.base import (
     EngineHash,
     GroupMeta,
     Op,
+    RemoveOp,
     SeqOp,
     StoreOp,
     WorkerState,
@@ -183,6 +184,23 @@ class MemoryIndex(MemoryReads):
                 counts[i] += new
                 w.entries[op.group] = w.entries.get(op.group, 0) + fresh
                 continue
+            if (
+                type(op) is RemoveOp
+                and not skip
+                and not copies
+                and (hit := w.fast_remove.get((op.group, op.medium_bit)))
+            ):
+                remove, emap, counts, i, pos, fpos, bits, anyb, siblings, bs = hit
+                got = remove(emap, op.hashes, pos, fpos, bits, anyb, siblings)
+                if got is not None:  # else the general loop below (no change made)
+                    new, fresh, gone = got
+                    if gone:
+                        add_ghosts(w, bs, gone, self._ghost_cap)
+                    res.removed += new
+                    res.removed_missing += len(op.hashes) - new
+                    counts[i] -= new
+                    w.entries[op.group] = w.entries.get(op.group, 0) - fresh
+                    continue
             if isinstance(op, SeqOp):
                 last = w.seqs.get(op.rank)
                 skip = last is not None and op.seq <= last[0]
@@ -247,17 +265,19 @@ class MemoryIndex(MemoryReads):
                 counts[_BIT_SLOT[op.medium_bit]] += new
                 w.entries[g] = w.entries.get(g, 0) + fresh
                 continue
-            siblings = [
-                self._tables.get(g2, {})
-                for g2, m2 in groups.items()
-                if g2 != g and m2.block_size == bs
-            ]
+            sib_gs = [g2 for g2, m2 in groups.items() if g2 != g and m2.block_size == bs]
+            siblings = [self._tables.get(g2, {}) for g2 in sib_gs]
             bit = op.medium_bit
             remove = None if copies or isinstance(t, dict) else getattr(t, "remove", None)
             got = remove and remove(
                 emap, op.hashes, 4 * w.slot, 4 * w.slot + field, b, anyb, siblings
             )
             if got is not None:  # router.native.U64Map: the loop below in C (no extra copies)
+                if all(g2 in self._tables for g2 in sib_gs):  # no stand-in: cache the call
+                    w.fast_remove[(g, bit)] = (
+                        remove, emap, counts, _BIT_SLOT[bit], 4 * w.slot,
+                        4 * w.slot + field, b, anyb, siblings, bs,
+                    )  # fmt: skip
                 new, fresh, gone = got
                 if gone:
                     add_ghosts(w, bs, gone, self._ghost_cap)
@@ -320,6 +340,7 @@ class MemoryIndex(MemoryReads):
                         del t[k]
         w.maps.clear()
         w.fast.clear()
+        w.fast_remove.clear()
         w.ghosts.clear()
         w.counts.clear()
         w.entries.clear()

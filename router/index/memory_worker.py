@@ -23,6 +23,7 @@ class Worker:
         "counts",
         "entries",
         "fast",
+        "fast_remove",
         "ghosts",
         "layout",
         "maps",
@@ -52,6 +53,8 @@ class Worker:
         # set by a group's first StoreOp, so later ones skip the lookups; emptied with
         # the metadata or the maps it names
         self.fast: dict[tuple[int, int], tuple[Any, ...]] = {}
+        # The same for a RemoveOp's C loop, once every sibling table exists.
+        self.fast_remove: dict[tuple[int, int], tuple[Any, ...]] = {}
         self.layout = layout  # workers with equal metadata share it (one cohort)
         self.state = state.copy()
         # Full-attention groups first: their prefix bounds what the others need to read.

@@ -77,6 +77,7 @@ def _scan(
     late: list[EngineHash] = []
     seen: set[EngineHash] = set()
     count = native.packed_len  # None: packed stores take the general path (unpacked)
+    prev: list[EngineHash] = []
     for ev in batch.events:
         if type(ev) is BlockRemoved:
             continue
@@ -106,9 +107,12 @@ def _scan(
             parents.append(parent)
             if parent not in known and parent not in seen:
                 late.append(parent)
+        if hashes == prev:  # a sibling group's store of the step: all in seen already
+            continue
         if not _named_alike(hashes, known, seen):
             return None
         seen.update(hashes)
+        prev = hashes
     return parents, seen, late
 
 
@@ -219,6 +223,7 @@ async def plan_simple(
     pending = list(reversed(marks))
     push = ops.append
     stores = 0
+    prev: tuple[list[EngineHash], list[EngineHash], list[BlockKey]] = ([], [], [])
     ev: Any
     for i, ev in enumerate(batch.events):
         while pending and pending[-1][0] <= i:
@@ -250,8 +255,14 @@ async def plan_simple(
             assert meta is not None  # a valid block size (checked)
             learned[key] = meta
         hashes = ev.block_hashes
+        if hashes == prev[0]:  # the step's store of the previous group's blocks
+            op_hashes, keys = prev[1], prev[2]  # the same lists (no op changes its lists)
+            if unit < meta.block_size:
+                c.partial_stores += 1
+            push(new_op(StoreOp, (g, gpu, op_hashes, keys)))
+            continue
         if hashes[0] in known:  # every block named (checked): a sibling group's store
-            keys = list(map(known.__getitem__, hashes))
+            keys = keys_named = list(map(known.__getitem__, hashes))
         else:
             parent = ev.parent_block_hash
             if parent is None:
@@ -268,12 +279,19 @@ async def plan_simple(
                 if got is not None
                 else chain_keys(key_bytes(seed), unpacked(tokens), unit, len(hashes))
             )
+            before = len(known)
             known.update(zip(hashes, keys))  # noqa: B905 (as many by construction)
+            if len(known) - before != len(hashes):  # a hash twice: known names its last key
+                keys_named = list(map(known.__getitem__, hashes))
+            else:
+                keys_named = keys
             # A packed store's own bytes: a view would pin its whole payload.
             recent.append((tokens.copy() if type(tokens) is Raw else tokens, keys))
         if unit < meta.block_size:
             c.partial_stores += 1
-        push(new_op(StoreOp, (g, gpu, list(hashes), keys)))
+        op_hashes = list(hashes)
+        prev = (hashes, op_hashes, keys_named)
+        push(new_op(StoreOp, (g, gpu, op_hashes, keys)))
     c.events_stored += stores
     ops += [SeqOp(*m[1:]) for m in reversed(pending)]
     return True
