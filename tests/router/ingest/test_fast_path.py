@@ -90,6 +90,8 @@ def _stream(seed: int, n_workers: int = 3, n_batches: int = 300) -> list[Any]:
             elif odd < 0.16:
                 bs = 2 * BS  # another block size: a new hash unit stays 16
                 toks = toks + toks
+            elif 2.3 < odd < 2.38 and k > 1:
+                hashes[-1] = hashes[0]  # a hash twice in one store
             for g in (0, 1):
                 if g == 1 and rng.random() < 0.1:
                     continue  # a step whose sliding-window group skipped the store
