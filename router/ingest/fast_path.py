@@ -224,6 +224,7 @@ async def plan_simple(
     push = ops.append
     stores = 0
     prev: tuple[list[EngineHash], list[EngineHash], list[BlockKey]] = ([], [], [])
+    ranges: list[tuple[Any, list[BlockKey]]] = []  # the recent token ranges, in order
     ev: Any
     for i, ev in enumerate(batch.events):
         while pending and pending[-1][0] <= i:
@@ -285,8 +286,7 @@ async def plan_simple(
                 keys_named = list(map(known.__getitem__, hashes))
             else:
                 keys_named = keys
-            # A packed store's own bytes: a view would pin its whole payload.
-            recent.append((tokens.copy() if type(tokens) is Raw else tokens, keys))
+            ranges.append((tokens, keys))
         if unit < meta.block_size:
             c.partial_stores += 1
         op_hashes = list(hashes)
@@ -294,4 +294,11 @@ async def plan_simple(
         push(new_op(StoreOp, (g, gpu, op_hashes, keys)))
     c.events_stored += stores
     ops += [SeqOp(*m[1:]) for m in reversed(pending)]
+    # Only the ranges ``recent`` keeps (a merged backlog stores far more than it holds);
+    # a packed store's own bytes: a view would pin its whole payload.
+    cap = recent.maxlen
+    recent.extend(
+        (t.copy() if type(t) is Raw else t, k)
+        for t, k in (ranges if cap is None else ranges[-cap:])
+    )
     return True
