@@ -131,9 +131,12 @@ PyObject *kvr_chain_packed(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "chain_packed(seed, buf, block_size, n_blocks)");
         return NULL;
     }
-    uint64_t seed = PyLong_AsUnsignedLongLong(args[0]);
-    if (seed == (uint64_t)-1 && PyErr_Occurred())
-        return NULL;
+    uint64_t seed;
+    if (kvr_u64_digits(args[0], &seed) != 1) {
+        seed = PyLong_AsUnsignedLongLong(args[0]);
+        if (seed == (uint64_t)-1 && PyErr_Occurred())
+            return NULL;
+    }
     Py_ssize_t bs = PyLong_AsSsize_t(args[2]);
     Py_ssize_t nb = PyLong_AsSsize_t(args[3]);
     if ((bs == -1 || nb == -1) && PyErr_Occurred())

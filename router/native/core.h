@@ -61,6 +61,25 @@ static inline int digits_of(PyObject *o, const digit **d, Py_ssize_t *n) {
 #endif
 }
 
+/* A non-negative exact int as a uint64 from its digits: 1 done, 0 too big for 64 bits,
+ * -1 not available (negative, a subclass, another layout: the caller converts the
+ * general way). Why: PyLong_AsUnsignedLongLong goes through _PyLong_AsByteArray for
+ * any int of more than one digit, i.e. for nearly every hash and block key. */
+static inline int kvr_u64_digits(PyObject *o, uint64_t *out) {
+    const digit *d;
+    Py_ssize_t n;
+    if (!digits_of(o, &d, &n))
+        return -1;
+    uint64_t v = 0;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        if (v >> (64 - PyLong_SHIFT))
+            return 0;
+        v = (v << PyLong_SHIFT) | (uint64_t)d[i];
+    }
+    *out = v;
+    return 1;
+}
+
 /* map.c */
 PyObject *kvr_map_lookup(MapObject *m, PyObject *key);
 int kvr_map_store(MapObject *m, PyObject *key, PyObject *value);

@@ -48,9 +48,17 @@ static void slots_free(Slot *p, Py_ssize_t cap) {
 
 /* 1: *out holds the native key; 0: the key belongs in the side dict; -1: error. */
 int kvr_as_key(PyObject *o, uint64_t *out) {
+    uint64_t v;
+    int fast = kvr_u64_digits(o, &v);
+    if (fast >= 0) {
+        if (fast == 0 || v == 0)
+            return 0;
+        *out = v;
+        return 1;
+    }
     if (!PyLong_Check(o))
         return 0;
-    uint64_t v = PyLong_AsUnsignedLongLong(o);
+    v = PyLong_AsUnsignedLongLong(o);
     if (v == (uint64_t)-1 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Clear();
@@ -65,9 +73,16 @@ int kvr_as_key(PyObject *o, uint64_t *out) {
 }
 
 static int as_u64val(PyObject *o, uint64_t *out) {
+    uint64_t v;
+    int fast = kvr_u64_digits(o, &v);
+    if (fast >= 0) {
+        if (fast == 1)
+            *out = v;
+        return fast;
+    }
     if (!PyLong_Check(o))
         return 0;
-    uint64_t v = PyLong_AsUnsignedLongLong(o);
+    v = PyLong_AsUnsignedLongLong(o);
     if (v == (uint64_t)-1 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Clear();

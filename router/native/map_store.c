@@ -40,13 +40,9 @@ static PyObject *emap_setdefault(PyObject *emap, PyObject *h, PyObject *k) {
 #define PREFETCH 6
 
 static inline void prefetch_at(MapObject *m, PyObject *o) {
-    if (m->mask < 0 || !PyLong_CheckExact(o))
-        return;
-    uint64_t k = PyLong_AsUnsignedLongLong(o);
-    if (k == (uint64_t)-1 && PyErr_Occurred()) {
-        PyErr_Clear(); /* not a uint64: the general path handles it in turn */
-        return;
-    }
+    uint64_t k;
+    if (m->mask < 0 || kvr_u64_digits(o, &k) != 1)
+        return; /* not a plain uint64: the general path handles it in turn */
     __builtin_prefetch(&m->slots[kvr_mix(k) & (uint64_t)m->mask]);
 }
 

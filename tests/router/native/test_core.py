@@ -19,6 +19,8 @@ core = native._core
 def _random_key(rng: random.Random) -> object:
     return rng.choice(
         [rng.randrange(1, 500), 0, -5, 2**64 + 3, 2**64 - 1, b"hash", rng.randrange(2**64)]
+        # around the digit boundaries the in-place conversion reads (30-bit digits)
+        + [2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**63, 2**64, 2**90 + 1, -(2**62)]
     )
 
 
@@ -32,7 +34,7 @@ def test_u64map_answers_like_a_dict(u64_values: bool) -> None:
     for _ in range(30_000):
         op = rng.random()
         k = _random_key(rng)
-        v = rng.choice([rng.randrange(2**64), -1, 2**70, 7])
+        v = rng.choice([rng.randrange(2**64), -1, 2**70, 7, 2**64, 2**60, 0])
         if op < 0.4:
             m[k] = v
             d[k] = v
