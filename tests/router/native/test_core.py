@@ -18,9 +18,11 @@ core = native._core
 
 def _random_key(rng: random.Random) -> object:
     return rng.choice(
-        [rng.randrange(1, 500), 0, -5, 2**64 + 3, 2**64 - 1, b"hash", rng.randrange(2**64)]
-        # around the digit boundaries the in-place conversion reads (30-bit digits)
-        + [2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**63, 2**64, 2**90 + 1, -(2**62)]
+        [
+            *(rng.randrange(1, 500), 0, -5, 2**64 + 3, 2**64 - 1, b"hash", rng.randrange(2**64)),
+            # around the digit boundaries the in-place conversion reads (30-bit digits)
+            *(2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**63, 2**64, 2**90 + 1, -(2**62)),
+        ]
     )
 
 
