@@ -171,9 +171,14 @@ class RedisIndex(RedisReads):
             pipe = self._r.pipeline(transaction=False)
             for w in workers:
                 pipe.smembers(self._prefix(w) + "keys")
-            names = [n.decode() for members in await pipe.execute() for n in members]
-            counts = [n for n in names if ":n:" in n]
-            maps = [n for n in names if ":e:" in n]
+            counts: list[str] = []
+            maps: dict[str, None] = {}  # one map per block size, shared by its groups
+            for w, members in zip(workers, await pipe.execute(), strict=True):
+                for gb in members:  # "group block_size" pairs (router.index.redis_lua)
+                    g, bs = gb.decode().split()
+                    counts.append(f"{self._prefix(w)}n:{g}")
+                    maps[f"{self._prefix(w)}e:{bs}"] = None
+            names = [*counts, *maps]
             pipe = self._r.pipeline(transaction=False)
             for n in counts:
                 pipe.hget(n, "k")

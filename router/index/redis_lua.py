@@ -19,14 +19,18 @@ Per worker ``P = X..'w:'..<id>..':'``: ``P..'meta'`` hash {epoch: a random token
 the worker is created and at every clear} · ``P..'n:'..g`` hash bit -> block count, 'k'
 -> keys held on any medium · ``P..'c:'..g`` hash key..bit -> copies beyond the first
 (vLLM keeps duplicates) · ``P..'e:'..bs`` hash engine hash -> key · ``P..'s'`` hash rank
--> "seq:fingerprint" of the last applied batch (not in the key set: an in-stream clear
-keeps it) · ``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings of blocks gone from every
-tier (newer / older generation) · ``P..'gs'`` set of "g bs" the worker stored into ·
-``P..'keys'`` set of the data key names above (the reverse structure: a clear walks
-``e:bs`` to take the worker out of the shared rows, then unlinks exactly these).
+-> "seq:fingerprint" of the last applied batch (not derived from ``keys``: an in-stream
+clear keeps it) · ``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings of blocks gone from
+every tier (newer / older generation) · ``P..'keys'`` set of "g bs" the worker stored
+into (the reverse structure: every data key name above derives from these pairs; a
+clear walks ``e:bs`` to take the worker out of the shared rows, then unlinks the
+``n:``/``c:``/``e:``/``t:``/``u:`` keys of each pair). One set add per pair and call,
+not one per key name and op: an add was a tenth of the script's calls.
 """
 
 from __future__ import annotations
+
+from router.index.redis_lua_lib import APPLY_PRELUDE
 
 # KEYS[1] = P..'keys'. ARGV[1] = P, ARGV[2] = ghost generation size, ARGV[3] = X,
 # ARGV[4] = worker id. Then a flat op list, each op starting with one header argument
@@ -43,86 +47,9 @@ from __future__ import annotations
 # Returns {stored, stored_repeat, removed, removed_missing, skipped_batches, epoch}:
 # ``epoch`` is the worker's ``P..'meta'`` field after the call (replicas drop cached
 # mappings of a worker whose epoch another replica changed).
-APPLY = r"""
-local P = ARGV[1]
-local CAP = tonumber(ARGV[2])
-local X = ARGV[3]
-local W = ARGV[4]
-local REV = KEYS[1]
-local GS = P .. 'gs'
-local sub, find, byte, char = string.sub, string.find, string.byte, string.char
-local band = bit.band
-local stored, repeat_, removed, missing = 0, 0, 0, 0
-local code = nil
-local CM = {}  -- the worker's holder entry per mask: code .. char(mask)
-local function slot_code()
-  if code then return code end
-  local s = redis.call('HGET', X .. 'slot', W)
-  if not s then
-    local f = redis.call('ZPOPMIN', X .. 'free')
-    if #f > 0 then s = f[1] else s = redis.call('INCR', X .. 'next') - 1 end
-    redis.call('HSET', X .. 'slot', W, s)
-    redis.call('INCR', X .. 'ver')
-  end
-  s = tonumber(s)
-  code = char(8 + math.floor(s / 248), 8 + s % 248)
-  for m = 1, 7 do CM[m] = code .. char(m) end
-  return code
-end
-local function split(blob, w, n)
-  local t = {}
-  for j = 0, n - 1 do t[j + 1] = sub(blob, j * w + 1, j * w + w) end
-  return t
-end
--- The worker's mask in a holders string (0: not held) and its position.
-local function mask_in(v)
-  if not v then return 0, nil end
-  local p = find(v, code, 1, true)
-  if p then return byte(v, p + 2), p end
-  return 0, nil
-end
--- The holders string with the worker's mask set to m (0 drops the worker).
-local function with_mask(v, p, m)
-  if p then
-    if m == 0 then return sub(v, 1, p - 1) .. sub(v, p + 3) end
-    return sub(v, 1, p - 1) .. CM[m] .. sub(v, p + 3)
-  end
-  return (v or '') .. CM[m]
-end
--- Row fields: a key's last 6 bytes (redis_codec.ROW_KEY_BYTES); ``ks`` from i to j.
-local function rows_of(ks, i, j)
-  local t = {}
-  for q = i or 1, j or #ks do t[#t + 1] = sub(ks[q], 3, 8) end
-  return t
-end
-local function write_rows(XG, upd, gone)
-  if #upd > 0 then redis.call('HSET', XG, unpack(upd)) end
-  if #gone > 0 then redis.call('HDEL', XG, unpack(gone)) end
-end
--- Take the worker out of every shared row it is in (a clear).
-local function leave_rows()
-  for _, gb in ipairs(redis.call('SMEMBERS', GS)) do
-    local g, bs = string.match(gb, '^(%S+) (%S+)$')
-    local XG = X .. 'x:' .. g
-    local ks = redis.call('HVALS', P .. 'e:' .. bs)
-    for lo = 1, #ks, 2000 do
-      local hi = math.min(#ks, lo + 1999)
-      local vs = redis.call('HMGET', XG, unpack(rows_of(ks, lo, hi)))
-      local upd, gone, seen = {}, {}, {}
-      for j = lo, hi do
-        local k = ks[j]
-        local m, p = mask_in(vs[j - lo + 1])
-        if p and not seen[k] then
-          seen[k] = true
-          local v = with_mask(vs[j - lo + 1], p, 0)
-          local f = sub(k, 3, 8)
-          if v == '' then gone[#gone + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
-        end
-      end
-      write_rows(XG, upd, gone)
-    end
-  end
-end
+APPLY = (
+    APPLY_PRELUDE
+    + r"""
 -- "5 epoch..." first: the mappings the client resolved from its cache hold only under
 -- those epochs; another replica cleared or re-created the worker since -> write nothing.
 local i = 5
@@ -140,18 +67,44 @@ slot_code()
 -- blob (a hybrid model stores the same blocks into each group of a block size: the
 -- second op reuses the first's lookup; any removal or clear forgets them).
 local added, resolved = {}, {}
-local function note(set, name)
+local function note(name)
   if not added[name] then
-    redis.call('SADD', set, name)
+    redis.call('SADD', REV, name)
     added[name] = true
   end
 end
+-- Count changes of the call per ``n:g`` hash and field, written once at its end (or
+-- before a clear): one HINCRBY per op and field was a third of the script's calls.
+local counts, cnames = {}, {}
+local function count(N, f, d)
+  local t = counts[N]
+  if not t then
+    t = {}
+    counts[N] = t
+    cnames[#cnames + 1] = N
+  end
+  t[f] = (t[f] or 0) + d
+end
+local function flush_counts()
+  for _, N in ipairs(cnames) do
+    for f, d in pairs(counts[N]) do
+      if d ~= 0 then redis.call('HINCRBY', N, f, d) end
+    end
+  end
+  counts, cnames = {}, {}
+end
+-- Per call: whether a worker's copies hash exists, and a ghost generation's size.
+local has_copies, ghosts = {}, {}
 local nargs = #ARGV
 local S = P .. 's'
 local skip, skipped = false, 0
 while i <= nargs do
   local hdr = {}
-  for x in string.gmatch(ARGV[i], '-?%d+') do hdr[#hdr + 1] = x end
+  local nh = 0
+  for x in gmatch(ARGV[i], '-?%d+') do
+    nh = nh + 1
+    hdr[nh] = x
+  end
   i = i + 1
   local op = hdr[1]
   if op == '4' then
@@ -172,21 +125,26 @@ while i <= nargs do
       i = i + (hw > 0 and 1 or n) + (op == '1' and 1 or 0)
     end
   elseif op == '3' then
-    leave_rows()
-    local names = redis.call('SMEMBERS', REV)
-    for _, name in ipairs(names) do redis.call('UNLINK', name) end
-    redis.call('DEL', REV, GS)
-    added, resolved = {}, {}
+    flush_counts()
+    local gbs = redis.call('SMEMBERS', REV)
+    leave_rows(gbs)
+    for _, gb in ipairs(gbs) do
+      local g, bs = string.match(gb, '^(%S+) (%S+)$')
+      redis.call('UNLINK', P .. 'n:' .. g, P .. 'c:' .. g, P .. 'e:' .. bs, P .. 't:' .. bs,
+        P .. 'u:' .. bs)
+    end
+    redis.call('DEL', REV)
+    added, resolved, has_copies, ghosts = {}, {}, {}, {}
     if hdr[2] then redis.call('HSET', P .. 'meta', 'epoch', hdr[2]) end
   else
     local g, bs, b = hdr[2], hdr[3], tonumber(hdr[4])
     local n, hw, nsib = tonumber(hdr[5]), tonumber(hdr[6]), tonumber(hdr[7])
     local sibs = {}
     for s = 1, nsib do sibs[s] = X .. 'x:' .. hdr[7 + s] end
-    local hs, blob, hraw
+    local hs, hraw
     if hw > 0 then
       -- Split only when needed: a hybrid model's second group reuses the first's keys.
-      blob, hraw = bs .. ':' .. ARGV[i], ARGV[i]
+      hraw = ARGV[i]
       i = i + 1
     else
       hs = {}
@@ -197,12 +155,10 @@ while i <= nargs do
     local CB = char(b)
     local changed, held = 0, 0
     if op == '1' then
-      note(REV, N)  -- first: a failing write (WRONGTYPE) then changes nothing
-      note(REV, E)
-      note(GS, g .. ' ' .. bs)
+      note(g .. ' ' .. bs)  -- first: a failing write (WRONGTYPE) then changes nothing
       local ks, rk = nil, nil
-      local got = blob and resolved[blob]
-      if got then
+      local got = hraw and resolved[hraw]
+      if got and got[3] == bs then
         ks, rk = got[1], got[2]
       else
         hs = hs or split(hraw, hw, n)
@@ -224,7 +180,7 @@ while i <= nargs do
         end
         if nm > 0 then redis.call('HSET', E, unpack(newmap, 1, nm)) end
         rk = rows_of(ks)
-        if blob then resolved[blob] = {ks, rk} end
+        if hraw then resolved[hraw] = {ks, rk, bs} end
       end
       i = i + 1
       local vs = redis.call('HMGET', XG, unpack(rk))
@@ -236,7 +192,7 @@ while i <= nargs do
         if v == nil then
           v = vs[j]
           no = no + 1
-          order[no] = k
+          order[no] = j
         end
         if not v then  -- a block nobody holds yet
           cur[k] = CMB
@@ -257,21 +213,21 @@ while i <= nargs do
       if changed > 0 then
         local upd = {}
         for q = 1, no do
-          local k = order[q]
-          upd[2 * q - 1] = sub(k, 3, 8)
-          upd[2 * q] = cur[k]
+          local j = order[q]
+          upd[2 * q - 1] = rk[j]
+          upd[2 * q] = cur[ks[j]]
         end
         redis.call('HSET', XG, unpack(upd, 1, 2 * no))
       end
       if #dup > 0 then
         local C = P .. 'c:' .. g
-        note(REV, C)
+        has_copies[C] = true
         for _, f in ipairs(dup) do redis.call('HINCRBY', C, f, 1) end
       end
       stored = stored + changed
       repeat_ = repeat_ + n - changed
-      if changed > 0 then redis.call('HINCRBY', N, b, changed) end
-      if held > 0 then redis.call('HINCRBY', N, 'k', held) end
+      if changed > 0 then count(N, b, changed) end
+      if held > 0 then count(N, 'k', held) end
     else
       resolved = {}  -- the map may lose entries here
       local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
@@ -292,7 +248,12 @@ while i <= nargs do
         -- and the medium's bit goes only with the last.
         local C = P .. 'c:' .. g
         local extra = {}
-        if redis.call('EXISTS', C) == 1 then
+        local hc = has_copies[C]
+        if hc == nil then
+          hc = redis.call('EXISTS', C) == 1
+          has_copies[C] = hc
+        end
+        if hc then
           local cf = {}
           for j = 1, #order do cf[j] = order[j] .. CB end
           local cv = redis.call('HMGET', C, unpack(cf))
@@ -337,7 +298,7 @@ while i <= nargs do
         end
         write_rows(XG, upd, empty)
         if #gone > 0 then
-          redis.call('HINCRBY', N, 'k', -#gone)
+          count(N, 'k', -#gone)
           local there_ = {}
           for _, XS in ipairs(sibs) do
             local there = redis.call('HMGET', XS, unpack(rows_of(gone)))
@@ -354,9 +315,7 @@ while i <= nargs do
             local hs_ = {}
             for j, k in ipairs(drop) do hs_[j] = owner[k] end
             redis.call('HDEL', E, unpack(hs_))
-            note(REV, T)
-            note(REV, P .. 'u:' .. bs)
-            local size = redis.call('HLEN', T)
+            local size = ghosts[T] or redis.call('HLEN', T)
             -- Chunks that can at most fill the generation: the rename happens after the
             -- same mapping as one HSET per mapping would (each adds at most one field).
             local j = 1
@@ -374,6 +333,7 @@ while i <= nargs do
               end
               j = last + 1
             end
+            ghosts[T] = size
           end
         end
       end
@@ -381,12 +341,14 @@ while i <= nargs do
       missing = missing + n - changed
       local gone_bits = 0
       for _, _ in pairs(owner) do gone_bits = gone_bits + 1 end
-      if gone_bits > 0 then redis.call('HINCRBY', N, b, -gone_bits) end
+      if gone_bits > 0 then count(N, b, -gone_bits) end
     end
   end
 end
+flush_counts()
 return {stored, repeat_, removed, missing, skipped, redis.call('HGET', P .. 'meta', 'epoch')}
 """
+)
 
 # Free a removed worker's slot (its rows were left by the clear before): KEYS[1] =
 # X..'slot', ARGV[1] = X, ARGV[2] = worker id.
