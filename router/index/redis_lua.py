@@ -63,10 +63,15 @@ if sub(ARGV[5] or '', 1, 2) == '5 ' then
   i = 6
 end
 slot_code()
--- Per call: names already added to the key sets, and the resolved keys of a hashes
--- blob (a hybrid model stores the same blocks into each group of a block size: the
--- second op reuses the first's lookup; any removal or clear forgets them).
-local added, resolved = {}, {}
+-- Per call: names already added to the key sets, and the hashes blob (with its block
+-- size) whose resolved keys and row fields KS / RK hold (a hybrid model stores the same
+-- blocks into each group of a block size: the second op reuses the first's lookup; any
+-- removal or clear forgets it).
+local added, kraw, kbs = {}, nil, nil
+-- Tables the store ops of the call reuse (arrays with explicit lengths; CUR emptied
+-- after each op): Lua 5.1 grows a fresh table by rehashing it at every power of two,
+-- which was a tenth of the script's instructions.
+local HS, KS, RK, NEWMAP, UPD, CUR = {}, {}, {}, {}, {}, {}
 local function note(name)
   if not added[name] then
     redis.call('SADD', REV, name)
@@ -134,13 +139,11 @@ while i <= nargs do
         P .. 'u:' .. bs)
     end
     redis.call('DEL', REV)
-    added, resolved, has_copies, ghosts = {}, {}, {}, {}
+    added, kraw, has_copies, ghosts = {}, nil, {}, {}
     if hdr[2] then redis.call('HSET', P .. 'meta', 'epoch', hdr[2]) end
   else
     local g, bs, b = hdr[2], hdr[3], tonumber(hdr[4])
-    local n, hw, nsib = tonumber(hdr[5]), tonumber(hdr[6]), tonumber(hdr[7])
-    local sibs = {}
-    for s = 1, nsib do sibs[s] = X .. 'x:' .. hdr[7 + s] end
+    local n, hw = tonumber(hdr[5]), tonumber(hdr[6])
     local hs, hraw
     if hw > 0 then
       -- Split only when needed: a hybrid model's second group reuses the first's keys.
@@ -156,70 +159,87 @@ while i <= nargs do
     local changed, held = 0, 0
     if op == '1' then
       note(g .. ' ' .. bs)  -- first: a failing write (WRONGTYPE) then changes nothing
-      local ks, rk = nil, nil
-      local got = hraw and resolved[hraw]
-      if got and got[3] == bs then
-        ks, rk = got[1], got[2]
-      else
-        hs = hs or split(hraw, hw, n)
-        ks = split(ARGV[i], 8, n)
-        local known = redis.call('HMGET', E, unpack(hs))
-        local pending, newmap, nm = {}, {}, 0
+      if not (hraw and hraw == kraw and bs == kbs) then
+        kraw, kbs = hraw, bs
+        if hraw then
+          for j = 0, n - 1 do HS[j + 1] = sub(hraw, j * hw + 1, j * hw + hw) end
+        else
+          for j = 1, n do HS[j] = hs[j] end
+        end
+        local kb = ARGV[i]
+        for j = 0, n - 1 do KS[j + 1] = sub(kb, j * 8 + 1, j * 8 + 8) end
+        local known = redis.call('HMGET', E, unpack(HS, 1, n))
+        local nm = 0
         for j = 1, n do
-          local h = hs[j]
-          if known[j] then
-            ks[j] = known[j]
-          elseif pending[h] then
-            ks[j] = pending[h]
+          local kn = known[j]
+          if kn then
+            KS[j] = kn
           else
-            pending[h] = ks[j]
-            newmap[nm + 1] = h
-            newmap[nm + 2] = ks[j]
+            NEWMAP[nm + 1] = HS[j]
+            NEWMAP[nm + 2] = KS[j]
             nm = nm + 2
           end
         end
-        if nm > 0 then redis.call('HSET', E, unpack(newmap, 1, nm)) end
-        rk = rows_of(ks)
-        if hraw then resolved[hraw] = {ks, rk, bs} end
+        if nm > 0 and redis.call('HSET', E, unpack(NEWMAP, 1, nm)) < nm / 2 then
+          -- An engine hash twice among the new ones: its first key wins (as it would
+          -- mapping one at a time), for the map and for the later occurrences.
+          local first, fix, nf = {}, {}, 0
+          for j = 1, n do
+            if not known[j] then
+              local h = HS[j]
+              local k0 = first[h]
+              if k0 then
+                KS[j] = k0
+              else
+                first[h] = KS[j]
+                fix[nf + 1] = h
+                fix[nf + 2] = KS[j]
+                nf = nf + 2
+              end
+            end
+          end
+          redis.call('HSET', E, unpack(fix, 1, nf))
+        end
+        for j = 1, n do RK[j] = sub(KS[j], 3, 8) end
       end
       i = i + 1
-      local vs = redis.call('HMGET', XG, unpack(rk))
-      local cur, order, no, dup = {}, {}, 0, {}
+      local vs = redis.call('HMGET', XG, unpack(RK, 1, n))
+      -- UPD: (row field, new holders) per distinct key, CUR: key -> its value's index.
+      local nu, dup = 0, nil
       local CMB = CM[b]
       for j = 1, n do
-        local k = ks[j]
-        local v = cur[k]
-        if v == nil then
+        local k = KS[j]
+        local pos = CUR[k]
+        local v
+        if pos == nil then
           v = vs[j]
-          no = no + 1
-          order[no] = j
+          nu = nu + 2
+          pos = nu
+          CUR[k] = pos
+          UPD[pos - 1] = RK[j]
+        else
+          v = UPD[pos]
         end
         if not v then  -- a block nobody holds yet
-          cur[k] = CMB
+          UPD[pos] = CMB
           held = held + 1
           changed = changed + 1
         else
           local m, p = mask_in(v)
           if band(m, b) == 0 then
             if m == 0 then held = held + 1 end
-            cur[k] = with_mask(v, p, m + b)
+            UPD[pos] = with_mask(v, p, m + b)
             changed = changed + 1
           else
+            dup = dup or {}
             dup[#dup + 1] = k .. CB
-            cur[k] = v
+            UPD[pos] = v
           end
         end
       end
-      if changed > 0 then
-        local upd = {}
-        for q = 1, no do
-          local j = order[q]
-          upd[2 * q - 1] = rk[j]
-          upd[2 * q] = cur[ks[j]]
-        end
-        redis.call('HSET', XG, unpack(upd, 1, 2 * no))
-      end
-      if #dup > 0 then
+      for j = 1, n do CUR[KS[j]] = nil end
+      if changed > 0 then redis.call('HSET', XG, unpack(UPD, 1, nu)) end
+      if dup then
         local C = P .. 'c:' .. g
         has_copies[C] = true
         for _, f in ipairs(dup) do redis.call('HINCRBY', C, f, 1) end
@@ -229,7 +249,9 @@ while i <= nargs do
       if changed > 0 then count(N, b, changed) end
       if held > 0 then count(N, 'k', held) end
     else
-      resolved = {}  -- the map may lose entries here
+      kraw = nil  -- the map may lose entries here
+      local sibs = {}
+      for q = 8, #hdr do sibs[q - 7] = X .. 'x:' .. hdr[q] end
       local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
       hs = hs or split(hraw, hw, n)
       local ks = redis.call('HMGET', E, unpack(hs))

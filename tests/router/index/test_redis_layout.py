@@ -223,3 +223,28 @@ async def test_a_clear_and_a_removal_leave_no_key_of_the_worker(redis_url: str) 
     finally:
         await h.index.close()
         client.close()
+
+
+async def test_an_engine_hash_twice_in_one_store_keeps_its_first_key(redis_url: str) -> None:
+    """``APPLY`` maps a store's new engine hashes with one HSET and falls back only when
+    its count shows a hash twice among them: the first key wins for the map and for the
+    later occurrence (a copy of that block), as in the in-process index."""
+    from router.index.base import CPU_BIT, GPU_BIT, GroupMeta, RemoveOp, StoreOp, WorkerState
+    from router.index.memory import MemoryIndex
+
+    groups = {0: GroupMeta("full_attention", BS), 1: GroupMeta("full_attention", BS)}
+    batches = [
+        [StoreOp(0, GPU_BIT, [1, 2, 1, 3], [10, 20, 11, 30]),
+         StoreOp(1, GPU_BIT, [1, 2, 1, 3], [10, 20, 11, 30])],
+        [StoreOp(0, CPU_BIT, [3, 4, 4], [31, 40, 41]), RemoveOp(0, GPU_BIT, [1, 2])],
+        [RemoveOp(0, GPU_BIT, [1]), RemoveOp(1, GPU_BIT, [1, 1, 2, 4])],
+    ]  # fmt: skip
+    got = {}
+    for index in (MemoryIndex(), RedisIndex(redis_url)):
+        await index.save_worker("w", WorkerState(dict(groups)))
+        results = [await index.apply("w", groups, ops) for ops in batches]
+        live = await index.resolve("w", BS, [1, 2, 3, 4], live_only=True)
+        got[index.kind] = (results, live, await index.group_counts("w"))
+        await index.close()
+    assert got["redis"] == got["memory"]
+    assert got["redis"][1] == [None, None, 30, 40]
