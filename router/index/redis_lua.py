@@ -63,43 +63,6 @@ if sub(ARGV[5] or '', 1, 2) == '5 ' then
   i = 6
 end
 slot_code()
--- Per call: names already added to the key sets, and the hashes blob (with its block
--- size) whose resolved keys and row fields KS / RK hold (a hybrid model stores the same
--- blocks into each group of a block size: the second op reuses the first's lookup; any
--- removal or clear forgets it).
-local added, kraw, kbs = {}, nil, nil
--- Tables the store ops of the call reuse (arrays with explicit lengths; CUR emptied
--- after each op): Lua 5.1 grows a fresh table by rehashing it at every power of two,
--- which was a tenth of the script's instructions.
-local HS, KS, RK, NEWMAP, UPD, CUR = {}, {}, {}, {}, {}, {}
-local function note(name)
-  if not added[name] then
-    redis.call('SADD', REV, name)
-    added[name] = true
-  end
-end
--- Count changes of the call per ``n:g`` hash and field, written once at its end (or
--- before a clear): one HINCRBY per op and field was a third of the script's calls.
-local counts, cnames = {}, {}
-local function count(N, f, d)
-  local t = counts[N]
-  if not t then
-    t = {}
-    counts[N] = t
-    cnames[#cnames + 1] = N
-  end
-  t[f] = (t[f] or 0) + d
-end
-local function flush_counts()
-  for _, N in ipairs(cnames) do
-    for f, d in pairs(counts[N]) do
-      if d ~= 0 then redis.call('HINCRBY', N, f, d) end
-    end
-  end
-  counts, cnames = {}, {}
-end
--- Per call: whether a worker's copies hash exists, and a ghost generation's size.
-local has_copies, ghosts = {}, {}
 local nargs = #ARGV
 local S = P .. 's'
 local skip, skipped = false, 0
@@ -249,27 +212,44 @@ while i <= nargs do
       if changed > 0 then count(N, b, changed) end
       if held > 0 then count(N, 'k', held) end
     else
-      kraw = nil  -- the map may lose entries here
-      local sibs = {}
-      for q = 8, #hdr do sibs[q - 7] = X .. 'x:' .. hdr[q] end
-      local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
-      hs = hs or split(hraw, hw, n)
-      local ks = redis.call('HMGET', E, unpack(hs))
-      local kl = {}
-      for j = 1, n do if ks[j] then kl[#kl + 1] = ks[j] end end
-      if #kl > 0 then
-        local vs = redis.call('HMGET', XG, unpack(rows_of(kl)))
-        local cur, order = {}, {}
-        for j = 1, #kl do
-          if cur[kl[j]] == nil then
-            cur[kl[j]] = vs[j] or ''
-            order[#order + 1] = kl[j]
+      kraw = nil  -- the map may lose entries here; HS, KS, RK are reused below
+      if hraw then
+        for j = 0, n - 1 do HS[j + 1] = sub(hraw, j * hw + 1, j * hw + hw) end
+      else
+        for j = 1, n do HS[j] = hs[j] end
+      end
+      local ks = redis.call('HMGET', E, unpack(HS, 1, n))
+      -- The distinct mapped keys in order: KS[q], its row field RK[q], holders VAL[q];
+      -- CUR: key -> q (emptied below), POS[j]: the q of the j-th hash (false: unmapped).
+      local nq = 0
+      for j = 1, n do
+        local k = ks[j]
+        if k then
+          local q = CUR[k]
+          if q == nil then
+            nq = nq + 1
+            q = nq
+            CUR[k] = q
+            KS[q] = k
+            RK[q] = sub(k, 3, 8)
           end
+          POS[j] = q
+        else
+          POS[j] = false
+        end
+      end
+      for q = 1, nq do CUR[KS[q]] = nil end
+      local gone_bits = 0
+      if nq > 0 then
+        local vs = redis.call('HMGET', XG, unpack(RK, 1, nq))
+        for q = 1, nq do
+          VAL[q] = vs[q] or ''
+          OWNER[q] = false  -- the engine hash whose removal cleared the bit
         end
         -- Copies beyond the first (vLLM keeps duplicates): a removal takes one copy,
         -- and the medium's bit goes only with the last.
         local C = P .. 'c:' .. g
-        local extra = {}
+        local extra, touched = nil, nil
         local hc = has_copies[C]
         if hc == nil then
           hc = redis.call('EXISTS', C) == 1
@@ -277,78 +257,98 @@ while i <= nargs do
         end
         if hc then
           local cf = {}
-          for j = 1, #order do cf[j] = order[j] .. CB end
-          local cv = redis.call('HMGET', C, unpack(cf))
-          for j = 1, #order do
-            if cv[j] then extra[order[j]] = tonumber(cv[j]) end
+          for q = 1, nq do cf[q] = KS[q] .. CB end
+          local cv = redis.call('HMGET', C, unpack(cf, 1, nq))
+          extra = {}
+          for q = 1, nq do
+            if cv[q] then extra[q] = tonumber(cv[q]) end
           end
         end
-        local touched, dirty = {}, {}
         for j = 1, n do
-          local k = ks[j]
-          if k then
-            local m, p = mask_in(cur[k])
-            if bit.band(m, b) ~= 0 then
-              local e = extra[k]
+          local q = POS[j]
+          if q then
+            local v = VAL[q]
+            local m, p = mask_in(v)
+            if band(m, b) ~= 0 then
+              local e = extra and extra[q]
               if e and e > 0 then
-                extra[k] = e - 1
-                touched[k] = true
+                extra[q] = e - 1
+                touched = touched or {}
+                touched[q] = true
               else
-                cur[k] = with_mask(cur[k], p, m - b)
-                dirty[k] = true
-                owner[k] = hs[j]
+                VAL[q] = with_mask(v, p, m - b)
+                OWNER[q] = HS[j]
               end
               changed = changed + 1
             end
           end
         end
-        for k, _ in pairs(touched) do
-          if extra[k] > 0 then
-            redis.call('HSET', C, k .. CB, extra[k])
-          else
-            redis.call('HDEL', C, k .. CB)
-          end
-        end
-        local upd, empty, gone = {}, {}, {}
-        for _, k in ipairs(order) do
-          if dirty[k] then
-            local v = cur[k]
-            local f = sub(k, 3, 8)
-            if v == '' then empty[#empty + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
-            if mask_in(v) == 0 then gone[#gone + 1] = k end
-          end
-        end
-        write_rows(XG, upd, empty)
-        if #gone > 0 then
-          count(N, 'k', -#gone)
-          local there_ = {}
-          for _, XS in ipairs(sibs) do
-            local there = redis.call('HMGET', XS, unpack(rows_of(gone)))
-            for j = 1, #gone do
-              if mask_in(there[j]) ~= 0 then there_[gone[j]] = true end
+        if touched then
+          for q, _ in pairs(touched) do
+            if extra[q] > 0 then
+              redis.call('HSET', C, KS[q] .. CB, extra[q])
+            else
+              redis.call('HDEL', C, KS[q] .. CB)
             end
           end
-          local drop = {}
-          for _, k in ipairs(gone) do
-            if not there_[k] then drop[#drop + 1] = k end
+        end
+        local nu, ne, ngo = 0, 0, 0
+        for q = 1, nq do
+          if OWNER[q] then
+            gone_bits = gone_bits + 1
+            local v = VAL[q]
+            if v == '' then
+              ne = ne + 1
+              EM[ne] = RK[q]
+            else
+              UPD[nu + 1] = RK[q]
+              UPD[nu + 2] = v
+              nu = nu + 2
+            end
+            if mask_in(v) == 0 then
+              ngo = ngo + 1
+              GQ[ngo] = q
+            end
           end
-          if #drop > 0 then
+        end
+        if nu > 0 then redis.call('HSET', XG, unpack(UPD, 1, nu)) end
+        if ne > 0 then redis.call('HDEL', XG, unpack(EM, 1, ne)) end
+        if ngo > 0 then
+          count(N, 'k', -ngo)
+          for t = 1, ngo do
+            GF[t] = RK[GQ[t]]
+            THERE[t] = false
+          end
+          for s = 8, #hdr do  -- the sibling groups' rows: a block still there keeps its map
+            local there = redis.call('HMGET', X .. 'x:' .. hdr[s], unpack(GF, 1, ngo))
+            for t = 1, ngo do
+              if mask_in(there[t]) ~= 0 then THERE[t] = true end
+            end
+          end
+          local nd = 0
+          for t = 1, ngo do
+            if not THERE[t] then
+              nd = nd + 1
+              DQ[nd] = GQ[t]
+              HSD[nd] = OWNER[GQ[t]]
+            end
+          end
+          if nd > 0 then
             local T = P .. 't:' .. bs
-            local hs_ = {}
-            for j, k in ipairs(drop) do hs_[j] = owner[k] end
-            redis.call('HDEL', E, unpack(hs_))
+            redis.call('HDEL', E, unpack(HSD, 1, nd))
             local size = ghosts[T] or redis.call('HLEN', T)
             -- Chunks that can at most fill the generation: the rename happens after the
             -- same mapping as one HSET per mapping would (each adds at most one field).
             local j = 1
-            while j <= #drop do
-              local last = math.min(#drop, j + math.max(CAP - size, 1) - 1)
-              local pairs_ = {}
+            while j <= nd do
+              local last = math.min(nd, j + math.max(CAP - size, 1) - 1)
+              local np = 0
               for q = j, last do
-                pairs_[#pairs_ + 1] = hs_[q]
-                pairs_[#pairs_ + 1] = drop[q]
+                NEWMAP[np + 1] = HSD[q]
+                NEWMAP[np + 2] = KS[DQ[q]]
+                np = np + 2
               end
-              size = size + redis.call('HSET', T, unpack(pairs_))
+              size = size + redis.call('HSET', T, unpack(NEWMAP, 1, np))
               if size >= CAP then  -- a new generation of ghosts; the oldest goes
                 redis.call('RENAME', T, P .. 'u:' .. bs)
                 size = 0
@@ -361,8 +361,6 @@ while i <= nargs do
       end
       removed = removed + changed
       missing = missing + n - changed
-      local gone_bits = 0
-      for _, _ in pairs(owner) do gone_bits = gone_bits + 1 end
       if gone_bits > 0 then count(N, b, -gone_bits) end
     end
   end

@@ -1,5 +1,6 @@
-"""The ``APPLY`` script's prelude (``router.index.redis_lua``): its arguments as locals
-and the string helpers on holders strings and row fields.
+"""The ``APPLY`` script's prelude (``router.index.redis_lua``): its arguments as locals,
+the string helpers on holders strings and row fields, and the call's own state (key-set
+adds, summed counters, reused tables).
 
 Split from ``router.index.redis_lua`` along the seam between the helpers and the op loop;
 the layout they work on is described there.
@@ -7,7 +8,8 @@ the layout they work on is described there.
 
 from __future__ import annotations
 
-# Prepended to the op loop: ``APPLY = APPLY_PRELUDE + ...`` (one script).
+# Prepended to the op loop: ``APPLY = APPLY_PRELUDE + ...`` (one script). The per-call
+# state below is created before the epoch check; a refused call only allocated it.
 APPLY_PRELUDE = r"""
 local P = ARGV[1]
 local CAP = tonumber(ARGV[2])
@@ -33,11 +35,6 @@ local function slot_code()
   code = char(8 + math.floor(s / 248), 8 + s % 248)
   for m = 1, 7 do CM[m] = code .. char(m) end
   return code
-end
-local function split(blob, w, n)
-  local t = {}
-  for j = 0, n - 1 do t[j + 1] = sub(blob, j * w + 1, j * w + w) end
-  return t
 end
 -- The worker's mask in a holders string (0: not held) and its position.
 local function mask_in(v)
@@ -88,4 +85,43 @@ local function leave_rows(pairs_gb)
     end
   end
 end
+-- Per call: names already added to the key sets, and the hashes blob (with its block
+-- size) whose resolved keys and row fields KS / RK hold (a hybrid model stores the same
+-- blocks into each group of a block size: the second op reuses the first's lookup; any
+-- removal or clear forgets it).
+local added, kraw, kbs = {}, nil, nil
+-- Tables the ops of the call reuse (arrays with explicit lengths; CUR emptied after
+-- each op): Lua 5.1 grows a fresh table by rehashing it at every power of two,
+-- which was a tenth of the script's instructions.
+local HS, KS, RK, NEWMAP, UPD, CUR = {}, {}, {}, {}, {}, {}
+-- The removal path's: per distinct key and per gone key (see there).
+local POS, VAL, OWNER, EM, GQ, GF, THERE, DQ, HSD = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local function note(name)
+  if not added[name] then
+    redis.call('SADD', REV, name)
+    added[name] = true
+  end
+end
+-- Count changes of the call per ``n:g`` hash and field, written once at its end (or
+-- before a clear): one HINCRBY per op and field was a third of the script's calls.
+local counts, cnames = {}, {}
+local function count(N, f, d)
+  local t = counts[N]
+  if not t then
+    t = {}
+    counts[N] = t
+    cnames[#cnames + 1] = N
+  end
+  t[f] = (t[f] or 0) + d
+end
+local function flush_counts()
+  for _, N in ipairs(cnames) do
+    for f, d in pairs(counts[N]) do
+      if d ~= 0 then redis.call('HINCRBY', N, f, d) end
+    end
+  end
+  counts, cnames = {}, {}
+end
+-- Per call: whether a worker's copies hash exists, and a ghost generation's size.
+local has_copies, ghosts = {}, {}
 """
