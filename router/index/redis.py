@@ -46,6 +46,7 @@ from router.index.redis_codec import (
     INDEX_PREFIX,
     Learned,
     State,
+    count_and_map_keys,
     encode_hash,
     encode_hashes,
     index_prefix,
@@ -171,13 +172,9 @@ class RedisIndex(RedisReads):
             pipe = self._r.pipeline(transaction=False)
             for w in workers:
                 pipe.smembers(self._prefix(w) + "keys")
-            counts: list[str] = []
-            maps: dict[str, None] = {}  # one map per block size, shared by its groups
-            for w, members in zip(workers, await pipe.execute(), strict=True):
-                for gb in members:  # "group block_size" pairs (router.index.redis_lua)
-                    g, bs = gb.decode().split()
-                    counts.append(f"{self._prefix(w)}n:{g}")
-                    maps[f"{self._prefix(w)}e:{bs}"] = None
+            counts, maps = count_and_map_keys(
+                [self._prefix(w) for w in workers], await pipe.execute()
+            )
             names = [*counts, *maps]
             pipe = self._r.pipeline(transaction=False)
             for n in counts:

@@ -94,14 +94,21 @@ while i <= nargs do
     end
   elseif op == '3' then
     flush_counts()
+    -- Before round 4b the key set held key names and ``gs`` the pairs: a clear of such a
+    -- worker still leaves its rows and unlinks every name (docs/router.md: flush anyway).
     local gbs = redis.call('SMEMBERS', REV)
+    for _, gb in ipairs(redis.call('SMEMBERS', P .. 'gs')) do gbs[#gbs + 1] = gb end
     leave_rows(gbs)
     for _, gb in ipairs(gbs) do
       local g, bs = string.match(gb, '^(%S+) (%S+)$')
-      redis.call('UNLINK', P .. 'n:' .. g, P .. 'c:' .. g, P .. 'e:' .. bs, P .. 't:' .. bs,
-        P .. 'u:' .. bs)
+      if g then
+        redis.call('UNLINK', P .. 'n:' .. g, P .. 'c:' .. g, P .. 'e:' .. bs,
+          P .. 't:' .. bs, P .. 'u:' .. bs)
+      else
+        redis.call('UNLINK', gb)
+      end
     end
-    redis.call('DEL', REV)
+    redis.call('DEL', REV, P .. 'gs')
     added, kraw, has_copies, ghosts = {}, nil, {}, {}
     if hdr[2] then redis.call('HSET', P .. 'meta', 'epoch', hdr[2]) end
   else

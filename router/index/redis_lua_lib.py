@@ -65,23 +65,25 @@ end
 local function leave_rows(pairs_gb)
   for _, gb in ipairs(pairs_gb) do
     local g, bs = string.match(gb, '^(%S+) (%S+)$')
-    local XG = X .. 'x:' .. g
-    local ks = redis.call('HVALS', P .. 'e:' .. bs)
-    for lo = 1, #ks, 2000 do
-      local hi = math.min(#ks, lo + 1999)
-      local vs = redis.call('HMGET', XG, unpack(rows_of(ks, lo, hi)))
-      local upd, gone, seen = {}, {}, {}
-      for j = lo, hi do
-        local k = ks[j]
-        local m, p = mask_in(vs[j - lo + 1])
-        if p and not seen[k] then
-          seen[k] = true
-          local v = with_mask(vs[j - lo + 1], p, 0)
-          local f = sub(k, 3, 8)
-          if v == '' then gone[#gone + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
+    if g then  -- else a key name, written before round 4b
+      local XG = X .. 'x:' .. g
+      local ks = redis.call('HVALS', P .. 'e:' .. bs)
+      for lo = 1, #ks, 2000 do
+        local hi = math.min(#ks, lo + 1999)
+        local vs = redis.call('HMGET', XG, unpack(rows_of(ks, lo, hi)))
+        local upd, gone, seen = {}, {}, {}
+        for j = lo, hi do
+          local k = ks[j]
+          local m, p = mask_in(vs[j - lo + 1])
+          if p and not seen[k] then
+            seen[k] = true
+            local v = with_mask(vs[j - lo + 1], p, 0)
+            local f = sub(k, 3, 8)
+            if v == '' then gone[#gone + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
+          end
         end
+        write_rows(XG, upd, gone)
       end
-      write_rows(XG, upd, gone)
     end
   end
 end

@@ -248,3 +248,28 @@ async def test_an_engine_hash_twice_in_one_store_keeps_its_first_key(redis_url: 
         await index.close()
     assert got["redis"] == got["memory"]
     assert got["redis"][1] == [None, None, 30, 40]
+
+
+async def test_a_clear_takes_a_worker_written_before_the_pair_key_set_out(redis_url: str) -> None:
+    """Before round 4b a worker's key set held its key names and ``gs`` its (group, block
+    size) pairs: a clear of such a worker (nobody flushed) still leaves the shared rows
+    and unlinks everything, instead of failing on a name that is not a pair."""
+    from router.index.redis_codec import worker_prefix
+
+    h = Harness.build(new_index("redis", redis_url))
+    client = redis.Redis.from_url(redis_url)
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    p = worker_prefix("w0")
+    try:
+        await h.feed("w0", src.store(toks, BS, 0, 4, **FULL))
+        client.rename(p + "keys", p + "gs")  # the old layout: pairs in gs, names in keys
+        client.sadd(p + "keys", p + "n:0", p + "e:16")
+        assert (await h.index.stats())["entries"] == 0  # names are skipped, not parsed
+        await h.feed("w0", cleared())
+        left = {k.decode()[len(p) :] for k in client.scan_iter(match=p + "*")}
+        assert left <= {"meta", "s"}, left
+        assert not client.hlen(INDEX_PREFIX + "x:0")
+    finally:
+        await h.index.close()
+        client.close()
