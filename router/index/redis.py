@@ -46,6 +46,7 @@ from router.index.redis_codec import (
     INDEX_PREFIX,
     Learned,
     State,
+    count_and_map_keys,
     encode_hash,
     encode_hashes,
     index_prefix,
@@ -171,9 +172,10 @@ class RedisIndex(RedisReads):
             pipe = self._r.pipeline(transaction=False)
             for w in workers:
                 pipe.smembers(self._prefix(w) + "keys")
-            names = [n.decode() for members in await pipe.execute() for n in members]
-            counts = [n for n in names if ":n:" in n]
-            maps = [n for n in names if ":e:" in n]
+            counts, maps = count_and_map_keys(
+                [self._prefix(w) for w in workers], await pipe.execute()
+            )
+            names = [*counts, *maps]
             pipe = self._r.pipeline(transaction=False)
             for n in counts:
                 pipe.hget(n, "k")

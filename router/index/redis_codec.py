@@ -131,6 +131,23 @@ def row_blob(keys: Sequence[BlockKey]) -> bytes:
     return bytes(out)
 
 
+def count_and_map_keys(
+    prefixes: Sequence[str], key_sets: Sequence[set[bytes]]
+) -> tuple[list[str], list[str]]:
+    """The ``n:<group>`` and ``e:<block size>`` key names of workers (their prefixes) from
+    their key sets' "group block_size" pairs (``router.index.redis_lua``); a member that
+    is not a pair (a key name, written before round 4b) is skipped."""
+    counts: list[str] = []
+    maps: dict[str, None] = {}  # one map per block size, shared by its groups
+    for prefix, members in zip(prefixes, key_sets, strict=True):
+        for gb in members:
+            g, _, bs = gb.decode().partition(" ")
+            if bs:
+                counts.append(f"{prefix}n:{g}")
+                maps[f"{prefix}e:{bs}"] = None
+    return counts, list(maps)
+
+
 def new_epoch() -> int:
     """A fresh epoch token (see the module docstring); random, so a worker removed and
     created again never gets a token a cache was built under."""

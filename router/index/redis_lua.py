@@ -19,14 +19,18 @@ Per worker ``P = X..'w:'..<id>..':'``: ``P..'meta'`` hash {epoch: a random token
 the worker is created and at every clear} · ``P..'n:'..g`` hash bit -> block count, 'k'
 -> keys held on any medium · ``P..'c:'..g`` hash key..bit -> copies beyond the first
 (vLLM keeps duplicates) · ``P..'e:'..bs`` hash engine hash -> key · ``P..'s'`` hash rank
--> "seq:fingerprint" of the last applied batch (not in the key set: an in-stream clear
-keeps it) · ``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings of blocks gone from every
-tier (newer / older generation) · ``P..'gs'`` set of "g bs" the worker stored into ·
-``P..'keys'`` set of the data key names above (the reverse structure: a clear walks
-``e:bs`` to take the worker out of the shared rows, then unlinks exactly these).
+-> "seq:fingerprint" of the last applied batch (not derived from ``keys``: an in-stream
+clear keeps it) · ``P..'t:'..bs`` / ``P..'u:'..bs`` ghost mappings of blocks gone from
+every tier (newer / older generation) · ``P..'keys'`` set of "g bs" the worker stored
+into (the reverse structure: every data key name above derives from these pairs; a
+clear walks ``e:bs`` to take the worker out of the shared rows, then unlinks the
+``n:``/``c:``/``e:``/``t:``/``u:`` keys of each pair). One set add per pair and call,
+not one per key name and op: an add was a tenth of the script's calls.
 """
 
 from __future__ import annotations
+
+from router.index.redis_lua_lib import APPLY_PRELUDE
 
 # KEYS[1] = P..'keys'. ARGV[1] = P, ARGV[2] = ghost generation size, ARGV[3] = X,
 # ARGV[4] = worker id. Then a flat op list, each op starting with one header argument
@@ -43,86 +47,9 @@ from __future__ import annotations
 # Returns {stored, stored_repeat, removed, removed_missing, skipped_batches, epoch}:
 # ``epoch`` is the worker's ``P..'meta'`` field after the call (replicas drop cached
 # mappings of a worker whose epoch another replica changed).
-APPLY = r"""
-local P = ARGV[1]
-local CAP = tonumber(ARGV[2])
-local X = ARGV[3]
-local W = ARGV[4]
-local REV = KEYS[1]
-local GS = P .. 'gs'
-local sub, find, byte, char = string.sub, string.find, string.byte, string.char
-local band = bit.band
-local stored, repeat_, removed, missing = 0, 0, 0, 0
-local code = nil
-local CM = {}  -- the worker's holder entry per mask: code .. char(mask)
-local function slot_code()
-  if code then return code end
-  local s = redis.call('HGET', X .. 'slot', W)
-  if not s then
-    local f = redis.call('ZPOPMIN', X .. 'free')
-    if #f > 0 then s = f[1] else s = redis.call('INCR', X .. 'next') - 1 end
-    redis.call('HSET', X .. 'slot', W, s)
-    redis.call('INCR', X .. 'ver')
-  end
-  s = tonumber(s)
-  code = char(8 + math.floor(s / 248), 8 + s % 248)
-  for m = 1, 7 do CM[m] = code .. char(m) end
-  return code
-end
-local function split(blob, w, n)
-  local t = {}
-  for j = 0, n - 1 do t[j + 1] = sub(blob, j * w + 1, j * w + w) end
-  return t
-end
--- The worker's mask in a holders string (0: not held) and its position.
-local function mask_in(v)
-  if not v then return 0, nil end
-  local p = find(v, code, 1, true)
-  if p then return byte(v, p + 2), p end
-  return 0, nil
-end
--- The holders string with the worker's mask set to m (0 drops the worker).
-local function with_mask(v, p, m)
-  if p then
-    if m == 0 then return sub(v, 1, p - 1) .. sub(v, p + 3) end
-    return sub(v, 1, p - 1) .. CM[m] .. sub(v, p + 3)
-  end
-  return (v or '') .. CM[m]
-end
--- Row fields: a key's last 6 bytes (redis_codec.ROW_KEY_BYTES); ``ks`` from i to j.
-local function rows_of(ks, i, j)
-  local t = {}
-  for q = i or 1, j or #ks do t[#t + 1] = sub(ks[q], 3, 8) end
-  return t
-end
-local function write_rows(XG, upd, gone)
-  if #upd > 0 then redis.call('HSET', XG, unpack(upd)) end
-  if #gone > 0 then redis.call('HDEL', XG, unpack(gone)) end
-end
--- Take the worker out of every shared row it is in (a clear).
-local function leave_rows()
-  for _, gb in ipairs(redis.call('SMEMBERS', GS)) do
-    local g, bs = string.match(gb, '^(%S+) (%S+)$')
-    local XG = X .. 'x:' .. g
-    local ks = redis.call('HVALS', P .. 'e:' .. bs)
-    for lo = 1, #ks, 2000 do
-      local hi = math.min(#ks, lo + 1999)
-      local vs = redis.call('HMGET', XG, unpack(rows_of(ks, lo, hi)))
-      local upd, gone, seen = {}, {}, {}
-      for j = lo, hi do
-        local k = ks[j]
-        local m, p = mask_in(vs[j - lo + 1])
-        if p and not seen[k] then
-          seen[k] = true
-          local v = with_mask(vs[j - lo + 1], p, 0)
-          local f = sub(k, 3, 8)
-          if v == '' then gone[#gone + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
-        end
-      end
-      write_rows(XG, upd, gone)
-    end
-  end
-end
+APPLY = (
+    APPLY_PRELUDE
+    + r"""
 -- "5 epoch..." first: the mappings the client resolved from its cache hold only under
 -- those epochs; another replica cleared or re-created the worker since -> write nothing.
 local i = 5
@@ -136,22 +63,16 @@ if sub(ARGV[5] or '', 1, 2) == '5 ' then
   i = 6
 end
 slot_code()
--- Per call: names already added to the key sets, and the resolved keys of a hashes
--- blob (a hybrid model stores the same blocks into each group of a block size: the
--- second op reuses the first's lookup; any removal or clear forgets them).
-local added, resolved = {}, {}
-local function note(set, name)
-  if not added[name] then
-    redis.call('SADD', set, name)
-    added[name] = true
-  end
-end
 local nargs = #ARGV
 local S = P .. 's'
 local skip, skipped = false, 0
 while i <= nargs do
   local hdr = {}
-  for x in string.gmatch(ARGV[i], '-?%d+') do hdr[#hdr + 1] = x end
+  local nh = 0
+  for x in gmatch(ARGV[i], '-?%d+') do
+    nh = nh + 1
+    hdr[nh] = x
+  end
   i = i + 1
   local op = hdr[1]
   if op == '4' then
@@ -172,21 +93,31 @@ while i <= nargs do
       i = i + (hw > 0 and 1 or n) + (op == '1' and 1 or 0)
     end
   elseif op == '3' then
-    leave_rows()
-    local names = redis.call('SMEMBERS', REV)
-    for _, name in ipairs(names) do redis.call('UNLINK', name) end
-    redis.call('DEL', REV, GS)
-    added, resolved = {}, {}
+    flush_counts()
+    -- Before round 4b the key set held key names and ``gs`` the pairs: a clear of such a
+    -- worker still leaves its rows and unlinks every name (docs/router.md: flush anyway).
+    local gbs = redis.call('SMEMBERS', REV)
+    for _, gb in ipairs(redis.call('SMEMBERS', P .. 'gs')) do gbs[#gbs + 1] = gb end
+    leave_rows(gbs)
+    for _, gb in ipairs(gbs) do
+      local g, bs = string.match(gb, '^(%S+) (%S+)$')
+      if g then
+        redis.call('UNLINK', P .. 'n:' .. g, P .. 'c:' .. g, P .. 'e:' .. bs,
+          P .. 't:' .. bs, P .. 'u:' .. bs)
+      else
+        redis.call('UNLINK', gb)
+      end
+    end
+    redis.call('DEL', REV, P .. 'gs')
+    added, kraw, has_copies, ghosts = {}, nil, {}, {}
     if hdr[2] then redis.call('HSET', P .. 'meta', 'epoch', hdr[2]) end
   else
     local g, bs, b = hdr[2], hdr[3], tonumber(hdr[4])
-    local n, hw, nsib = tonumber(hdr[5]), tonumber(hdr[6]), tonumber(hdr[7])
-    local sibs = {}
-    for s = 1, nsib do sibs[s] = X .. 'x:' .. hdr[7 + s] end
-    local hs, blob, hraw
+    local n, hw = tonumber(hdr[5]), tonumber(hdr[6])
+    local hs, hraw
     if hw > 0 then
       -- Split only when needed: a hybrid model's second group reuses the first's keys.
-      blob, hraw = bs .. ':' .. ARGV[i], ARGV[i]
+      hraw = ARGV[i]
       i = i + 1
     else
       hs = {}
@@ -197,196 +128,254 @@ while i <= nargs do
     local CB = char(b)
     local changed, held = 0, 0
     if op == '1' then
-      note(REV, N)  -- first: a failing write (WRONGTYPE) then changes nothing
-      note(REV, E)
-      note(GS, g .. ' ' .. bs)
-      local ks, rk = nil, nil
-      local got = blob and resolved[blob]
-      if got then
-        ks, rk = got[1], got[2]
-      else
-        hs = hs or split(hraw, hw, n)
-        ks = split(ARGV[i], 8, n)
-        local known = redis.call('HMGET', E, unpack(hs))
-        local pending, newmap, nm = {}, {}, 0
+      note(g .. ' ' .. bs)  -- first: a failing write (WRONGTYPE) then changes nothing
+      if not (hraw and hraw == kraw and bs == kbs) then
+        kraw, kbs = hraw, bs
+        if hraw then
+          for j = 0, n - 1 do HS[j + 1] = sub(hraw, j * hw + 1, j * hw + hw) end
+        else
+          for j = 1, n do HS[j] = hs[j] end
+        end
+        local kb = ARGV[i]
+        for j = 0, n - 1 do KS[j + 1] = sub(kb, j * 8 + 1, j * 8 + 8) end
+        local known = redis.call('HMGET', E, unpack(HS, 1, n))
+        local nm = 0
         for j = 1, n do
-          local h = hs[j]
-          if known[j] then
-            ks[j] = known[j]
-          elseif pending[h] then
-            ks[j] = pending[h]
+          local kn = known[j]
+          if kn then
+            KS[j] = kn
           else
-            pending[h] = ks[j]
-            newmap[nm + 1] = h
-            newmap[nm + 2] = ks[j]
+            NEWMAP[nm + 1] = HS[j]
+            NEWMAP[nm + 2] = KS[j]
             nm = nm + 2
           end
         end
-        if nm > 0 then redis.call('HSET', E, unpack(newmap, 1, nm)) end
-        rk = rows_of(ks)
-        if blob then resolved[blob] = {ks, rk} end
+        if nm > 0 and redis.call('HSET', E, unpack(NEWMAP, 1, nm)) < nm / 2 then
+          -- An engine hash twice among the new ones: its first key wins (as it would
+          -- mapping one at a time), for the map and for the later occurrences.
+          local first, fix, nf = {}, {}, 0
+          for j = 1, n do
+            if not known[j] then
+              local h = HS[j]
+              local k0 = first[h]
+              if k0 then
+                KS[j] = k0
+              else
+                first[h] = KS[j]
+                fix[nf + 1] = h
+                fix[nf + 2] = KS[j]
+                nf = nf + 2
+              end
+            end
+          end
+          redis.call('HSET', E, unpack(fix, 1, nf))
+        end
+        for j = 1, n do RK[j] = sub(KS[j], 3, 8) end
       end
       i = i + 1
-      local vs = redis.call('HMGET', XG, unpack(rk))
-      local cur, order, no, dup = {}, {}, 0, {}
+      local vs = redis.call('HMGET', XG, unpack(RK, 1, n))
+      -- UPD: (row field, new holders) per distinct key, CUR: key -> its value's index.
+      local nu, dup = 0, nil
       local CMB = CM[b]
       for j = 1, n do
-        local k = ks[j]
-        local v = cur[k]
-        if v == nil then
+        local k = KS[j]
+        local pos = CUR[k]
+        local v
+        if pos == nil then
           v = vs[j]
-          no = no + 1
-          order[no] = k
+          nu = nu + 2
+          pos = nu
+          CUR[k] = pos
+          UPD[pos - 1] = RK[j]
+        else
+          v = UPD[pos]
         end
         if not v then  -- a block nobody holds yet
-          cur[k] = CMB
+          UPD[pos] = CMB
           held = held + 1
           changed = changed + 1
         else
           local m, p = mask_in(v)
           if band(m, b) == 0 then
             if m == 0 then held = held + 1 end
-            cur[k] = with_mask(v, p, m + b)
+            UPD[pos] = with_mask(v, p, m + b)
             changed = changed + 1
           else
+            dup = dup or {}
             dup[#dup + 1] = k .. CB
-            cur[k] = v
+            UPD[pos] = v
           end
         end
       end
-      if changed > 0 then
-        local upd = {}
-        for q = 1, no do
-          local k = order[q]
-          upd[2 * q - 1] = sub(k, 3, 8)
-          upd[2 * q] = cur[k]
-        end
-        redis.call('HSET', XG, unpack(upd, 1, 2 * no))
-      end
-      if #dup > 0 then
+      for j = 1, n do CUR[KS[j]] = nil end
+      if changed > 0 then redis.call('HSET', XG, unpack(UPD, 1, nu)) end
+      if dup then
         local C = P .. 'c:' .. g
-        note(REV, C)
+        has_copies[C] = true
         for _, f in ipairs(dup) do redis.call('HINCRBY', C, f, 1) end
       end
       stored = stored + changed
       repeat_ = repeat_ + n - changed
-      if changed > 0 then redis.call('HINCRBY', N, b, changed) end
-      if held > 0 then redis.call('HINCRBY', N, 'k', held) end
+      if changed > 0 then count(N, b, changed) end
+      if held > 0 then count(N, 'k', held) end
     else
-      resolved = {}  -- the map may lose entries here
-      local owner = {}  -- key -> engine hash of a bit cleared, for map clean-up
-      hs = hs or split(hraw, hw, n)
-      local ks = redis.call('HMGET', E, unpack(hs))
-      local kl = {}
-      for j = 1, n do if ks[j] then kl[#kl + 1] = ks[j] end end
-      if #kl > 0 then
-        local vs = redis.call('HMGET', XG, unpack(rows_of(kl)))
-        local cur, order = {}, {}
-        for j = 1, #kl do
-          if cur[kl[j]] == nil then
-            cur[kl[j]] = vs[j] or ''
-            order[#order + 1] = kl[j]
+      kraw = nil  -- the map may lose entries here; HS, KS, RK are reused below
+      if hraw then
+        for j = 0, n - 1 do HS[j + 1] = sub(hraw, j * hw + 1, j * hw + hw) end
+      else
+        for j = 1, n do HS[j] = hs[j] end
+      end
+      local ks = redis.call('HMGET', E, unpack(HS, 1, n))
+      -- The distinct mapped keys in order: KS[q], its row field RK[q], holders VAL[q];
+      -- CUR: key -> q (emptied below), POS[j]: the q of the j-th hash (false: unmapped).
+      local nq = 0
+      for j = 1, n do
+        local k = ks[j]
+        if k then
+          local q = CUR[k]
+          if q == nil then
+            nq = nq + 1
+            q = nq
+            CUR[k] = q
+            KS[q] = k
+            RK[q] = sub(k, 3, 8)
           end
+          POS[j] = q
+        else
+          POS[j] = false
+        end
+      end
+      for q = 1, nq do CUR[KS[q]] = nil end
+      local gone_bits = 0
+      if nq > 0 then
+        local vs = redis.call('HMGET', XG, unpack(RK, 1, nq))
+        for q = 1, nq do
+          VAL[q] = vs[q] or ''
+          OWNER[q] = false  -- the engine hash whose removal cleared the bit
         end
         -- Copies beyond the first (vLLM keeps duplicates): a removal takes one copy,
         -- and the medium's bit goes only with the last.
         local C = P .. 'c:' .. g
-        local extra = {}
-        if redis.call('EXISTS', C) == 1 then
+        local extra, touched = nil, nil
+        local hc = has_copies[C]
+        if hc == nil then
+          hc = redis.call('EXISTS', C) == 1
+          has_copies[C] = hc
+        end
+        if hc then
           local cf = {}
-          for j = 1, #order do cf[j] = order[j] .. CB end
-          local cv = redis.call('HMGET', C, unpack(cf))
-          for j = 1, #order do
-            if cv[j] then extra[order[j]] = tonumber(cv[j]) end
+          for q = 1, nq do cf[q] = KS[q] .. CB end
+          local cv = redis.call('HMGET', C, unpack(cf, 1, nq))
+          extra = {}
+          for q = 1, nq do
+            if cv[q] then extra[q] = tonumber(cv[q]) end
           end
         end
-        local touched, dirty = {}, {}
         for j = 1, n do
-          local k = ks[j]
-          if k then
-            local m, p = mask_in(cur[k])
-            if bit.band(m, b) ~= 0 then
-              local e = extra[k]
+          local q = POS[j]
+          if q then
+            local v = VAL[q]
+            local m, p = mask_in(v)
+            if band(m, b) ~= 0 then
+              local e = extra and extra[q]
               if e and e > 0 then
-                extra[k] = e - 1
-                touched[k] = true
+                extra[q] = e - 1
+                touched = touched or {}
+                touched[q] = true
               else
-                cur[k] = with_mask(cur[k], p, m - b)
-                dirty[k] = true
-                owner[k] = hs[j]
+                VAL[q] = with_mask(v, p, m - b)
+                OWNER[q] = HS[j]
               end
               changed = changed + 1
             end
           end
         end
-        for k, _ in pairs(touched) do
-          if extra[k] > 0 then
-            redis.call('HSET', C, k .. CB, extra[k])
-          else
-            redis.call('HDEL', C, k .. CB)
-          end
-        end
-        local upd, empty, gone = {}, {}, {}
-        for _, k in ipairs(order) do
-          if dirty[k] then
-            local v = cur[k]
-            local f = sub(k, 3, 8)
-            if v == '' then empty[#empty + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
-            if mask_in(v) == 0 then gone[#gone + 1] = k end
-          end
-        end
-        write_rows(XG, upd, empty)
-        if #gone > 0 then
-          redis.call('HINCRBY', N, 'k', -#gone)
-          local there_ = {}
-          for _, XS in ipairs(sibs) do
-            local there = redis.call('HMGET', XS, unpack(rows_of(gone)))
-            for j = 1, #gone do
-              if mask_in(there[j]) ~= 0 then there_[gone[j]] = true end
+        if touched then
+          for q, _ in pairs(touched) do
+            if extra[q] > 0 then
+              redis.call('HSET', C, KS[q] .. CB, extra[q])
+            else
+              redis.call('HDEL', C, KS[q] .. CB)
             end
           end
-          local drop = {}
-          for _, k in ipairs(gone) do
-            if not there_[k] then drop[#drop + 1] = k end
+        end
+        local nu, ne, ngo = 0, 0, 0
+        for q = 1, nq do
+          if OWNER[q] then
+            gone_bits = gone_bits + 1
+            local v = VAL[q]
+            if v == '' then
+              ne = ne + 1
+              EM[ne] = RK[q]
+            else
+              UPD[nu + 1] = RK[q]
+              UPD[nu + 2] = v
+              nu = nu + 2
+            end
+            if mask_in(v) == 0 then
+              ngo = ngo + 1
+              GQ[ngo] = q
+            end
           end
-          if #drop > 0 then
+        end
+        if nu > 0 then redis.call('HSET', XG, unpack(UPD, 1, nu)) end
+        if ne > 0 then redis.call('HDEL', XG, unpack(EM, 1, ne)) end
+        if ngo > 0 then
+          count(N, 'k', -ngo)
+          for t = 1, ngo do
+            GF[t] = RK[GQ[t]]
+            THERE[t] = false
+          end
+          for s = 8, #hdr do  -- the sibling groups' rows: a block still there keeps its map
+            local there = redis.call('HMGET', X .. 'x:' .. hdr[s], unpack(GF, 1, ngo))
+            for t = 1, ngo do
+              if mask_in(there[t]) ~= 0 then THERE[t] = true end
+            end
+          end
+          local nd = 0
+          for t = 1, ngo do
+            if not THERE[t] then
+              nd = nd + 1
+              DQ[nd] = GQ[t]
+              HSD[nd] = OWNER[GQ[t]]
+            end
+          end
+          if nd > 0 then
             local T = P .. 't:' .. bs
-            local hs_ = {}
-            for j, k in ipairs(drop) do hs_[j] = owner[k] end
-            redis.call('HDEL', E, unpack(hs_))
-            note(REV, T)
-            note(REV, P .. 'u:' .. bs)
-            local size = redis.call('HLEN', T)
+            redis.call('HDEL', E, unpack(HSD, 1, nd))
+            local size = ghosts[T] or redis.call('HLEN', T)
             -- Chunks that can at most fill the generation: the rename happens after the
             -- same mapping as one HSET per mapping would (each adds at most one field).
             local j = 1
-            while j <= #drop do
-              local last = math.min(#drop, j + math.max(CAP - size, 1) - 1)
-              local pairs_ = {}
+            while j <= nd do
+              local last = math.min(nd, j + math.max(CAP - size, 1) - 1)
+              local np = 0
               for q = j, last do
-                pairs_[#pairs_ + 1] = hs_[q]
-                pairs_[#pairs_ + 1] = drop[q]
+                NEWMAP[np + 1] = HSD[q]
+                NEWMAP[np + 2] = KS[DQ[q]]
+                np = np + 2
               end
-              size = size + redis.call('HSET', T, unpack(pairs_))
+              size = size + redis.call('HSET', T, unpack(NEWMAP, 1, np))
               if size >= CAP then  -- a new generation of ghosts; the oldest goes
                 redis.call('RENAME', T, P .. 'u:' .. bs)
                 size = 0
               end
               j = last + 1
             end
+            ghosts[T] = size
           end
         end
       end
       removed = removed + changed
       missing = missing + n - changed
-      local gone_bits = 0
-      for _, _ in pairs(owner) do gone_bits = gone_bits + 1 end
-      if gone_bits > 0 then redis.call('HINCRBY', N, b, -gone_bits) end
+      if gone_bits > 0 then count(N, b, -gone_bits) end
     end
   end
 end
+flush_counts()
 return {stored, repeat_, removed, missing, skipped, redis.call('HGET', P .. 'meta', 'epoch')}
 """
+)
 
 # Free a removed worker's slot (its rows were left by the clear before): KEYS[1] =
 # X..'slot', ARGV[1] = X, ARGV[2] = worker id.

@@ -9,7 +9,7 @@ import random
 
 import pytest
 import redis
-from _kv_streams import EventSource, Harness, new_index, tokens
+from _kv_streams import EventSource, Harness, cleared, new_index, tokens
 
 from router.index.redis import INDEX_PREFIX, SLOT_KEY, STATE_KEY, RedisIndex
 from router.index.redis_codec import shard_of
@@ -182,4 +182,94 @@ async def test_a_failing_call_mid_stream_leaves_the_connection_in_step(redis_url
         assert [r.stored for r in got] == [1, 1, 1]
     finally:
         await index.close()
+        client.close()
+
+
+async def test_a_clear_and_a_removal_leave_no_key_of_the_worker(redis_url: str) -> None:
+    """The worker's key set holds the (group, block size) pairs it stored into, and every
+    data key name derives from them (``router.index.redis_lua``): a clear must still
+    unlink the counts, copies, map and both ghost generations of each pair, and take the
+    worker out of the shared rows; removing the worker leaves nothing of it."""
+    from router.index.redis_codec import worker_prefix
+
+    h = Harness.build(RedisIndex(redis_url, ghost_entries=4))
+    client = redis.Redis.from_url(redis_url)
+    src = EventSource()
+    toks = tokens(12 * BS + 1)
+    swa = {"group": 1, **SWA}
+    try:
+        for w in ("w0", "w1"):
+            await h.feed(w, src.store(toks, BS, 0, 12, **FULL), src.store(toks, BS, 0, 12, **swa))
+            await h.feed(w, src.store(toks, BS, 0, 3, **FULL))  # copies beyond the first
+            await h.feed(w, src.store(toks, BS, 0, 12, medium="CPU", **FULL))
+            for g in (0, 1):  # gone from every tier: 6 ghosts, 4 per generation
+                await h.feed(w, src.remove(toks, BS, range(6, 12), group=g))
+            await h.feed(w, src.remove(toks, BS, range(6, 12), group=0, medium="CPU"))
+        p = worker_prefix("w0")
+        names = {k.decode()[len(p) :] for k in client.scan_iter(match=p + "*")}
+        assert {"e:16", "n:0", "n:1", "c:0", "t:16", "u:16", "keys"} <= names, names
+        assert client.smembers(p + "keys") == {b"0 16", b"1 16"}
+        stats = await h.index.stats()
+        assert stats["entries"] == 2 * (6 + 6) and stats["map_entries"] == 2 * 6
+        await h.feed("w0", cleared())
+        left = {k.decode()[len(p) :] for k in client.scan_iter(match=p + "*")}
+        assert left <= {"meta", "s"}, left
+        assert (await h.one(toks, "w0")).hit_tokens == 0
+        assert (await h.one(toks, "w1")).hit_tokens == 6 * BS
+        await h.index.remove_worker("w1")
+        assert not list(client.scan_iter(match=worker_prefix("w1") + "*"))
+        for g in (0, 1):  # neither worker is in a shared row
+            assert not client.hlen(INDEX_PREFIX + f"x:{g}")
+    finally:
+        await h.index.close()
+        client.close()
+
+
+async def test_an_engine_hash_twice_in_one_store_keeps_its_first_key(redis_url: str) -> None:
+    """``APPLY`` maps a store's new engine hashes with one HSET and falls back only when
+    its count shows a hash twice among them: the first key wins for the map and for the
+    later occurrence (a copy of that block), as in the in-process index."""
+    from router.index.base import CPU_BIT, GPU_BIT, GroupMeta, RemoveOp, StoreOp, WorkerState
+    from router.index.memory import MemoryIndex
+
+    groups = {0: GroupMeta("full_attention", BS), 1: GroupMeta("full_attention", BS)}
+    batches = [
+        [StoreOp(0, GPU_BIT, [1, 2, 1, 3], [10, 20, 11, 30]),
+         StoreOp(1, GPU_BIT, [1, 2, 1, 3], [10, 20, 11, 30])],
+        [StoreOp(0, CPU_BIT, [3, 4, 4], [31, 40, 41]), RemoveOp(0, GPU_BIT, [1, 2])],
+        [RemoveOp(0, GPU_BIT, [1]), RemoveOp(1, GPU_BIT, [1, 1, 2, 4])],
+    ]  # fmt: skip
+    got = {}
+    for index in (MemoryIndex(), RedisIndex(redis_url)):
+        await index.save_worker("w", WorkerState(dict(groups)))
+        results = [await index.apply("w", groups, ops) for ops in batches]
+        live = await index.resolve("w", BS, [1, 2, 3, 4], live_only=True)
+        got[index.kind] = (results, live, await index.group_counts("w"))
+        await index.close()
+    assert got["redis"] == got["memory"]
+    assert got["redis"][1] == [None, None, 30, 40]
+
+
+async def test_a_clear_takes_a_worker_written_before_the_pair_key_set_out(redis_url: str) -> None:
+    """Before round 4b a worker's key set held its key names and ``gs`` its (group, block
+    size) pairs: a clear of such a worker (nobody flushed) still leaves the shared rows
+    and unlinks everything, instead of failing on a name that is not a pair."""
+    from router.index.redis_codec import worker_prefix
+
+    h = Harness.build(new_index("redis", redis_url))
+    client = redis.Redis.from_url(redis_url)
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    p = worker_prefix("w0")
+    try:
+        await h.feed("w0", src.store(toks, BS, 0, 4, **FULL))
+        client.rename(p + "keys", p + "gs")  # the old layout: pairs in gs, names in keys
+        client.sadd(p + "keys", p + "n:0", p + "e:16")
+        assert (await h.index.stats())["entries"] == 0  # names are skipped, not parsed
+        await h.feed("w0", cleared())
+        left = {k.decode()[len(p) :] for k in client.scan_iter(match=p + "*")}
+        assert left <= {"meta", "s"}, left
+        assert not client.hlen(INDEX_PREFIX + "x:0")
+    finally:
+        await h.index.close()
         client.close()

@@ -1,0 +1,129 @@
+"""The ``APPLY`` script's prelude (``router.index.redis_lua``): its arguments as locals,
+the string helpers on holders strings and row fields, and the call's own state (key-set
+adds, summed counters, reused tables).
+
+Split from ``router.index.redis_lua`` along the seam between the helpers and the op loop;
+the layout they work on is described there.
+"""
+
+from __future__ import annotations
+
+# Prepended to the op loop: ``APPLY = APPLY_PRELUDE + ...`` (one script). The per-call
+# state below is created before the epoch check; a refused call only allocated it.
+APPLY_PRELUDE = r"""
+local P = ARGV[1]
+local CAP = tonumber(ARGV[2])
+local X = ARGV[3]
+local W = ARGV[4]
+local REV = KEYS[1]
+local sub, find, byte, char = string.sub, string.find, string.byte, string.char
+local gmatch = string.gmatch
+local band = bit.band
+local stored, repeat_, removed, missing = 0, 0, 0, 0
+local code = nil
+local CM = {}  -- the worker's holder entry per mask: code .. char(mask)
+local function slot_code()
+  if code then return code end
+  local s = redis.call('HGET', X .. 'slot', W)
+  if not s then
+    local f = redis.call('ZPOPMIN', X .. 'free')
+    if #f > 0 then s = f[1] else s = redis.call('INCR', X .. 'next') - 1 end
+    redis.call('HSET', X .. 'slot', W, s)
+    redis.call('INCR', X .. 'ver')
+  end
+  s = tonumber(s)
+  code = char(8 + math.floor(s / 248), 8 + s % 248)
+  for m = 1, 7 do CM[m] = code .. char(m) end
+  return code
+end
+-- The worker's mask in a holders string (0: not held) and its position.
+local function mask_in(v)
+  if not v then return 0, nil end
+  local p = find(v, code, 1, true)
+  if p then return byte(v, p + 2), p end
+  return 0, nil
+end
+-- The holders string with the worker's mask set to m (0 drops the worker).
+local function with_mask(v, p, m)
+  if p then
+    if m == 0 then return sub(v, 1, p - 1) .. sub(v, p + 3) end
+    return sub(v, 1, p - 1) .. CM[m] .. sub(v, p + 3)
+  end
+  return (v or '') .. CM[m]
+end
+-- Row fields: a key's last 6 bytes (redis_codec.ROW_KEY_BYTES); ``ks`` from i to j.
+local function rows_of(ks, i, j)
+  local t = {}
+  for q = i or 1, j or #ks do t[#t + 1] = sub(ks[q], 3, 8) end
+  return t
+end
+local function write_rows(XG, upd, gone)
+  if #upd > 0 then redis.call('HSET', XG, unpack(upd)) end
+  if #gone > 0 then redis.call('HDEL', XG, unpack(gone)) end
+end
+-- Take the worker out of every shared row it is in (a clear).
+local function leave_rows(pairs_gb)
+  for _, gb in ipairs(pairs_gb) do
+    local g, bs = string.match(gb, '^(%S+) (%S+)$')
+    if g then  -- else a key name, written before round 4b
+      local XG = X .. 'x:' .. g
+      local ks = redis.call('HVALS', P .. 'e:' .. bs)
+      for lo = 1, #ks, 2000 do
+        local hi = math.min(#ks, lo + 1999)
+        local vs = redis.call('HMGET', XG, unpack(rows_of(ks, lo, hi)))
+        local upd, gone, seen = {}, {}, {}
+        for j = lo, hi do
+          local k = ks[j]
+          local m, p = mask_in(vs[j - lo + 1])
+          if p and not seen[k] then
+            seen[k] = true
+            local v = with_mask(vs[j - lo + 1], p, 0)
+            local f = sub(k, 3, 8)
+            if v == '' then gone[#gone + 1] = f else upd[#upd + 1] = f; upd[#upd + 1] = v end
+          end
+        end
+        write_rows(XG, upd, gone)
+      end
+    end
+  end
+end
+-- Per call: names already added to the key sets, and the hashes blob (with its block
+-- size) whose resolved keys and row fields KS / RK hold (a hybrid model stores the same
+-- blocks into each group of a block size: the second op reuses the first's lookup; any
+-- removal or clear forgets it).
+local added, kraw, kbs = {}, nil, nil
+-- Tables the ops of the call reuse (arrays with explicit lengths; CUR emptied after
+-- each op): Lua 5.1 grows a fresh table by rehashing it at every power of two,
+-- which was a tenth of the script's instructions.
+local HS, KS, RK, NEWMAP, UPD, CUR = {}, {}, {}, {}, {}, {}
+-- The removal path's: per distinct key and per gone key (see there).
+local POS, VAL, OWNER, EM, GQ, GF, THERE, DQ, HSD = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local function note(name)
+  if not added[name] then
+    redis.call('SADD', REV, name)
+    added[name] = true
+  end
+end
+-- Count changes of the call per ``n:g`` hash and field, written once at its end (or
+-- before a clear): one HINCRBY per op and field was a third of the script's calls.
+local counts, cnames = {}, {}
+local function count(N, f, d)
+  local t = counts[N]
+  if not t then
+    t = {}
+    counts[N] = t
+    cnames[#cnames + 1] = N
+  end
+  t[f] = (t[f] or 0) + d
+end
+local function flush_counts()
+  for _, N in ipairs(cnames) do
+    for f, d in pairs(counts[N]) do
+      if d ~= 0 then redis.call('HINCRBY', N, f, d) end
+    end
+  end
+  counts, cnames = {}, {}
+end
+-- Per call: whether a worker's copies hash exists, and a ghost generation's size.
+local has_copies, ghosts = {}, {}
+"""
