@@ -76,6 +76,19 @@ class PolicyWeights:
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
     # Mooncake +0.2-0.7 points of hits at up to 1.3x the TTFT p99 (docs/routing.md).
     head_progress: float = 0.0
+    # Decisions priced in time (docs/routing.md, "Pricing in seconds"): a worker's
+    # expected TTFT is ``(prefill_backlog + this request's uncached tokens) / speed`` (in
+    # tokens at the nominal speed). A request whose best cached share is below
+    # ``ttft_below`` (a long new prompt: its own prefill dominates) is placed by that
+    # TTFT alone (plus ``held`` and the share term). Any other request leaves the worker
+    # its cost picks only when another worker's TTFT is lower by more than
+    # ``escape x request_tokens + escape_floor`` (a cached turn stuck behind a long
+    # prompt); then it is placed by TTFT too. 0 turns each off.
+    ttft_below: float = 0.0
+    # ... and so is one with at least ``ttft_miss`` uncached tokens on its best worker.
+    ttft_miss: float = 0.0
+    escape: float = 0.0
+    escape_floor: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
