@@ -85,8 +85,12 @@ class PolicyWeights:
     # ``escape x request_tokens + escape_floor`` (a cached turn stuck behind a long
     # prompt); then it is placed by TTFT too. 0 turns each off.
     ttft_below: float = 0.0
+    # Requests of at least ``large_tokens`` (> 0) weigh a backlog token ``backlog_large``
+    # instead of ``backlog``: their cached prefixes are worth more seconds of prefill.
+    large_tokens: float = 4096.0
+    backlog_large: float = 0.04
     # ... and so is one with at least ``ttft_miss`` uncached tokens on its best worker.
-    ttft_miss: float = 0.0
+    ttft_miss: float = 65_536.0
     escape: float = 0.0
     escape_floor: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.

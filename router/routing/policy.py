@@ -147,7 +147,9 @@ class KvAwarePolicy(Policy):
         discounting = request.hot_tokens > 0 and discount < 1.0
         prefill, backlog_w, over, knee = (
             weights.prefill,
-            weights.backlog,
+            weights.backlog
+            if weights.large_tokens <= 0 or n < weights.large_tokens
+            else weights.backlog_large,
             weights.backlog_over,
             weights.knee,
         )

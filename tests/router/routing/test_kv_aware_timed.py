@@ -24,8 +24,9 @@ def test_a_long_uncached_prompt_goes_where_it_starts_first() -> None:
     idle = WorkerView("idle")
     assert pick([cached, idle], PolicyWeights(**BASE, ttft_miss=0.0), 100_000) == "cached"
     assert pick([cached, idle], PolicyWeights(**BASE, ttft_miss=65_536.0), 100_000) == "idle"
-    # Off by default (measured, not adopted: docs/routing.md, "Pricing in seconds").
-    assert PolicyWeights().ttft_miss == 0.0
+    # The default prices it by TTFT (tuning split; docs/routing.md, "Pricing in seconds").
+    assert PolicyWeights().ttft_miss == 65_536.0
+    assert pick([cached, idle], PolicyWeights(**BASE), 100_000) == "idle"
     # A long prompt with most of it cached is not a "long uncached" one.
     mostly = WorkerView("cached", hit_tokens=90_000, score=90_000.0, prefill_backlog=60_000.0)
     assert pick([mostly, idle], PolicyWeights(**BASE, ttft_miss=65_536.0), 100_000) == "cached"
@@ -58,3 +59,18 @@ def test_escape_rules_out_only_the_workers_past_the_threshold() -> None:
     # A threshold above the wait keeps the cache.
     assert pick(views, PolicyWeights(**BASE, escape=4.0), 28_065) == "cached"
     assert pick(views, PolicyWeights(**BASE, escape_floor=200_000.0), 28_065) == "cached"
+
+
+def test_a_large_request_weighs_the_backlog_less() -> None:
+    w = dict(decode=0.0, held=0.0, share=0.0, balance_slack=1e9, ttft_miss=0.0)
+    # 10k tokens, 2k cached behind a 30k backlog. At 0.15 a backlog token: 8k + 4.5k =
+    # 12.5k > 10k on the idle worker, so it moves; at 0.04 (large requests): 9.2k, stays.
+    cached = WorkerView("cached", hit_tokens=2000, score=2000.0, prefill_backlog=30_000.0)
+    idle = WorkerView("idle")
+    small_only = PolicyWeights(**w, backlog=0.15, large_tokens=0.0)
+    assert pick([cached, idle], small_only, 10_000) == "idle"
+    sized = PolicyWeights(**w, backlog=0.15, large_tokens=4096.0, backlog_large=0.04)
+    assert pick([cached, idle], sized, 10_000) == "cached"
+    # Below large_tokens the backlog weighs 0.15: 1k cached of 3k behind 30k moves.
+    small = WorkerView("cached", hit_tokens=1000, score=1000.0, prefill_backlog=30_000.0)
+    assert pick([small, idle], sized, 3000) == "idle"
