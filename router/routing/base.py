@@ -26,6 +26,9 @@ class PolicyWeights:
     requests in flight 0.03 per token (it scales with request size, so one weight fits
     512-token and 64-token-block workloads alike, where a per-request weight did not);
     and a worker 10% over its fair share of recent tokens pays 10% of the request.
+    Round 4: requests of 4096+ tokens weigh a backlog token 0.04 (their cached prefix is
+    seconds of prefill), and a prompt with 64k+ tokens uncached goes where its TTFT is
+    lowest (its own prefill is the TTFT tail).
     """
 
     prefill: float = 1.0
