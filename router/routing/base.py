@@ -94,6 +94,8 @@ class PolicyWeights:
     backlog_large: float = 0.04
     # ... and so is one with at least ``ttft_miss`` uncached tokens on its best worker.
     ttft_miss: float = 65_536.0
+    # The share term's weight in those TTFT prices (1: as in the token costs).
+    ttft_share: float = 1.0
     escape: float = 0.0
     escape_floor: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.

@@ -165,6 +165,7 @@ class KvAwarePolicy(Policy):
             or weights.escape > 0
             or weights.escape_floor > 0
         )
+        ttft_share = weights.ttft_share
         ttfts: list[float] = []  # expected TTFT, in tokens at the nominal speed
         extras: list[float] = []  # the held and share terms
         best_hit = 0.0
@@ -186,12 +187,11 @@ class KvAwarePolicy(Policy):
             if over > 0:  # a backlog past the knee (a long prompt) repels
                 queue += over * max(0.0, view.prefill_backlog - knee)
             decode = decode_w * view.inflight + held * view.inflight_tokens
-            if sharing:
-                decode += share_n * ((view.recent_tokens - fair) / over_fair)
-            append((prefill * miss + queue) / speed + decode)
+            shared = share_n * ((view.recent_tokens - fair) / over_fair) if sharing else 0.0
+            append((prefill * miss + queue) / speed + (decode + shared))
             if timed:
                 ttfts.append((miss + view.prefill_backlog) / speed)
-                extras.append(decode)
+                extras.append(decode + ttft_share * shared)
                 if affinity > best_hit:
                     best_hit = affinity
         if timed:
