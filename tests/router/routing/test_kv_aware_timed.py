@@ -74,3 +74,14 @@ def test_a_large_request_weighs_the_backlog_less() -> None:
     # Below large_tokens the backlog weighs 0.15: 1k cached of 3k behind 30k moves.
     small = WorkerView("cached", hit_tokens=1000, score=1000.0, prefill_backlog=30_000.0)
     assert pick([small, idle], sized, 3000) == "idle"
+
+
+def test_ttft_share_weighs_the_share_term_in_the_ttft_prices() -> None:
+    w = dict(BASE, share=1.0, share_prior=0.0, share_warmup=0.0, ttft_miss=65_536.0)
+    # A 96k-token prompt: "under" got 20% less than the fleet's mean of recent tokens but
+    # has 14.7k tokens queued; "idle" got 20% more and has none. The share term is worth
+    # 19.2k tokens either way, enough to outweigh the queue unless ttft_share mutes it.
+    under = WorkerView("under", prefill_backlog=14_700.0, recent_tokens=80_000.0)
+    idle = WorkerView("idle", recent_tokens=120_000.0)
+    assert pick([under, idle], PolicyWeights(**w), 96_000) == "under"
+    assert pick([under, idle], PolicyWeights(**w, ttft_share=0.0), 96_000) == "idle"
