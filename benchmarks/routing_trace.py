@@ -44,9 +44,10 @@ def _terms(d: Decision, i: int, w: Any, routed: int) -> dict[str, float]:
         prior = share_prior_tokens(RouteInput(n, routed=routed), len(d.views), w)
         share = w.share * n * (v.recent_tokens - fair) / (fair + prior)
     speed = v.speed if v.speed > 0 else 1.0
+    backlog = w.backlog_large if 0 < w.large_tokens <= n else w.backlog
     return {
         "miss": w.prefill * (n - aff) / speed,
-        "backlog": w.backlog * v.prefill_backlog / speed,
+        "backlog": backlog * v.prefill_backlog / speed,
         "held": w.held * v.inflight_tokens + w.decode * v.inflight,
         "share": share,
     }

@@ -26,6 +26,9 @@ class PolicyWeights:
     requests in flight 0.03 per token (it scales with request size, so one weight fits
     512-token and 64-token-block workloads alike, where a per-request weight did not);
     and a worker 10% over its fair share of recent tokens pays 10% of the request.
+    Round 4: requests of 4096+ tokens weigh a backlog token 0.04 (their cached prefix is
+    seconds of prefill), and a prompt with 64k+ tokens uncached goes where its TTFT is
+    lowest (its own prefill is the TTFT tail).
     """
 
     prefill: float = 1.0
@@ -76,6 +79,25 @@ class PolicyWeights:
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
     # Mooncake +0.2-0.7 points of hits at up to 1.3x the TTFT p99 (docs/routing.md).
     head_progress: float = 0.0
+    # Decisions priced in time (docs/routing.md, "Pricing in seconds"): a worker's
+    # expected TTFT is ``(prefill_backlog + this request's uncached tokens) / speed`` (in
+    # tokens at the nominal speed). A request whose best cached share is below
+    # ``ttft_below`` (a long new prompt: its own prefill dominates) is placed by that
+    # TTFT alone (plus ``held`` and the share term). Any other request leaves the worker
+    # its cost picks only when another worker's TTFT is lower by more than
+    # ``escape x request_tokens + escape_floor`` (a cached turn stuck behind a long
+    # prompt); then it is placed by TTFT too. 0 turns each off.
+    ttft_below: float = 0.0
+    # Requests of at least ``large_tokens`` (> 0) weigh a backlog token ``backlog_large``
+    # instead of ``backlog``: their cached prefixes are worth more seconds of prefill.
+    large_tokens: float = 4096.0
+    backlog_large: float = 0.04
+    # ... and so is one with at least ``ttft_miss`` uncached tokens on its best worker.
+    ttft_miss: float = 65_536.0
+    # The share term's weight in those TTFT prices (1: as in the token costs).
+    ttft_share: float = 1.0
+    escape: float = 0.0
+    escape_floor: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 

@@ -147,7 +147,9 @@ class KvAwarePolicy(Policy):
         discounting = request.hot_tokens > 0 and discount < 1.0
         prefill, backlog_w, over, knee = (
             weights.prefill,
-            weights.backlog,
+            weights.backlog
+            if weights.large_tokens <= 0 or n < weights.large_tokens
+            else weights.backlog_large,
             weights.backlog_over,
             weights.knee,
         )
@@ -157,6 +159,16 @@ class KvAwarePolicy(Policy):
         over_fair = fair + prior
         costs: list[float] = []
         append = costs.append
+        timed = (
+            weights.ttft_below > 0
+            or weights.ttft_miss > 0
+            or weights.escape > 0
+            or weights.escape_floor > 0
+        )
+        ttft_share = weights.ttft_share
+        ttfts: list[float] = []  # expected TTFT, in tokens at the nominal speed
+        extras: list[float] = []  # the held and share terms
+        best_hit = 0.0
         for view, load in zip(views, loads, strict=True):
             affinity = 0.0
             if load <= limit:
@@ -175,10 +187,42 @@ class KvAwarePolicy(Policy):
             if over > 0:  # a backlog past the knee (a long prompt) repels
                 queue += over * max(0.0, view.prefill_backlog - knee)
             decode = decode_w * view.inflight + held * view.inflight_tokens
-            if sharing:
-                decode += share_n * ((view.recent_tokens - fair) / over_fair)
-            append((prefill * miss + queue) / speed + decode)
+            shared = share_n * ((view.recent_tokens - fair) / over_fair) if sharing else 0.0
+            append((prefill * miss + queue) / speed + (decode + shared))
+            if timed:
+                ttfts.append((miss + view.prefill_backlog) / speed)
+                extras.append(decode + ttft_share * shared)
+                if affinity > best_hit:
+                    best_hit = affinity
+        if timed:
+            return _timed(costs, ttfts, extras, best_hit, n, weights)
         return costs
+
+
+def _timed(
+    costs: list[float],
+    ttfts: list[float],
+    extras: list[float],
+    best_hit: float,
+    n: int,
+    weights: PolicyWeights,
+) -> list[float]:
+    """Where time decides (see ``PolicyWeights``): a request with little cached anywhere
+    is priced by its expected TTFT (plus the held and share terms); any other keeps its
+    costs, but a worker where it would wait more than the escape threshold longer than on
+    the fastest worker is ruled out (a cached turn behind a long prompt moves; a short
+    queue is worth waiting in for a cache hit)."""
+    if best_hit < weights.ttft_below * n or 0 < weights.ttft_miss <= n - best_hit:
+        return [t + e for t, e in zip(ttfts, extras, strict=True)]
+    if weights.escape > 0 or weights.escape_floor > 0:
+        limit = min(ttfts) + weights.escape * n + weights.escape_floor
+        return [c if t <= limit else c + _RULED_OUT for c, t in zip(costs, ttfts, strict=True)]
+    return costs
+
+
+# Added to the cost of a worker the escape rule rules out: above any real cost, finite so
+# that ties among ruled-out workers still break by cost.
+_RULED_OUT = 1e15
 
 
 POLICY_CLASSES: dict[str, type[Policy]] = {
