@@ -176,3 +176,29 @@ async def configured_harness(request: Any, **settings: Any) -> Harness:
     h = Harness.build(new_index(request.param, url))
     await h.ingestor.configure("w", EngineSettings(**settings))
     return h
+
+
+async def feed_hybrid_fleet(
+    harnesses: list[Harness], seed: int, n_workers: int, bs: int = 16, window: int = 48
+) -> list[list[int]]:
+    """The same random fleet into each harness: workers ``w0..`` holding prefixes of three
+    prompts in a full-attention group and a sliding-window group (GPU or CPU), some with
+    a window block removed. Shared by the Redis Cluster and Valkey tests."""
+    rng = random.Random(seed)
+    swa = {"kind": "sliding_window", "window": window}
+    prompts = [tokens(12 * bs + 5, seed=seed * 10 + j) for j in range(3)]
+    for w in range(n_workers):
+        src = EventSource("engine")
+        events: list[object] = []
+        for toks in prompts:
+            if rng.random() < 0.3:
+                continue
+            stop = rng.randint(1, len(toks) // bs)
+            medium = rng.choice(["GPU", "GPU", "CPU"])
+            events.append(src.store(toks, bs, 0, stop, group=0, kind="full_attention"))
+            events.append(src.store(toks, bs, 0, stop, group=1, medium=medium, **swa))
+            if stop > 3 and rng.random() < 0.5:
+                events.append(src.remove(toks, bs, [stop - 3], group=1, medium=medium))
+        for h in harnesses:
+            await h.feed(f"w{w}", *events)
+    return prompts

@@ -8,7 +8,6 @@ in-process index fed the same events.
 
 from __future__ import annotations
 
-import random
 import shutil
 import subprocess
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from _kv_streams import EventSource, Harness, tokens
+from _kv_streams import EventSource, Harness, feed_hybrid_fleet, tokens
 
 from router.index import make_index
 from router.netutil import free_ports
@@ -25,7 +24,6 @@ from router.netutil import free_ports
 START_DEADLINE_S = 30.0
 N_WORKERS = 12
 BS = 16
-SWA = {"kind": "sliding_window", "window": 48}
 
 
 def _evalsha_calls(client: redis.Redis) -> int:
@@ -99,27 +97,6 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int
             proc.wait(timeout=10)
 
 
-async def _feed(harnesses: list[Harness], seed: int) -> list[list[int]]:
-    """The same random fleet (full attention + sliding window, GPU and CPU) into each."""
-    rng = random.Random(seed)
-    prompts = [tokens(12 * BS + 5, seed=seed * 10 + j) for j in range(3)]
-    for w in range(N_WORKERS):
-        src = EventSource("engine")
-        events: list[object] = []
-        for toks in prompts:
-            if rng.random() < 0.3:
-                continue
-            stop = rng.randint(1, len(toks) // BS)
-            medium = rng.choice(["GPU", "GPU", "CPU"])
-            events.append(src.store(toks, BS, 0, stop, group=0, kind="full_attention"))
-            events.append(src.store(toks, BS, 0, stop, group=1, medium=medium, **SWA))
-            if stop > 3 and rng.random() < 0.5:
-                events.append(src.remove(toks, BS, [stop - 3], group=1, medium=medium))
-        for h in harnesses:
-            await h.feed(f"w{w}", *events)
-    return prompts
-
-
 async def test_two_replicas_on_a_cluster_answer_alike_with_one_call_per_node(
     redis_cluster: list[int],
 ) -> None:
@@ -131,7 +108,8 @@ async def test_two_replicas_on_a_cluster_answer_alike_with_one_call_per_node(
     b = Harness.build(make_index("redis", url))
     ref = Harness.build(make_index("memory"))
     try:
-        prompts = await _feed([a, ref], seed=1)  # replica a ingests; b only reads
+        # replica a ingests; b only reads
+        prompts = await feed_hybrid_fleet([a, ref], n_workers=N_WORKERS, seed=1)
         workers = [f"w{w}" for w in range(N_WORKERS)]
         holding = [n for n in nodes if n.dbsize()]
         assert len(holding) >= 2  # the workers' shards are spread over the nodes

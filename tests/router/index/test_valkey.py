@@ -6,11 +6,9 @@ system-deps`` installs it from Debian bookworm-backports where it can."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import redis
-from _kv_streams import EventSource, Harness, cleared, tokens, wire
+from _kv_streams import EventSource, Harness, cleared, feed_hybrid_fleet, wire
 
 from router.index import make_index
 from router.index.redis import StaleMappings
@@ -18,27 +16,6 @@ from router.index.redis import StaleMappings
 N_WORKERS = 10
 BS = 16
 SWA = {"kind": "sliding_window", "window": 48}
-
-
-async def _feed(harnesses: list[Harness], seed: int) -> list[list[int]]:
-    """The same random fleet (full attention + sliding window, GPU and CPU, removals)."""
-    rng = random.Random(seed)
-    prompts = [tokens(12 * BS + 5, seed=seed * 10 + j) for j in range(3)]
-    for w in range(N_WORKERS):
-        src = EventSource("engine")
-        events: list[object] = []
-        for toks in prompts:
-            if rng.random() < 0.3:
-                continue
-            stop = rng.randint(1, len(toks) // BS)
-            medium = rng.choice(["GPU", "GPU", "CPU"])
-            events.append(src.store(toks, BS, 0, stop, group=0, kind="full_attention"))
-            events.append(src.store(toks, BS, 0, stop, group=1, medium=medium, **SWA))
-            if stop > 3 and rng.random() < 0.5:
-                events.append(src.remove(toks, BS, [stop - 3], group=1, medium=medium))
-        for h in harnesses:
-            await h.feed(f"w{w}", *events)
-    return prompts
 
 
 async def test_valkey_two_replicas_answer_like_the_memory_index(valkey_server: object) -> None:
@@ -52,7 +29,8 @@ async def test_valkey_two_replicas_answer_like_the_memory_index(valkey_server: o
     workers = [f"w{w}" for w in range(N_WORKERS)]
     asked = [*workers, "unknown"]
     try:
-        prompts = await _feed([a, ref], seed=3)  # replica a ingests; b only reads
+        # replica a ingests; b only reads
+        prompts = await feed_hybrid_fleet([a, ref], n_workers=N_WORKERS, seed=3)
         assert sorted(await b.index.known_workers()) == workers
         hits = 0
         for toks in prompts:
