@@ -248,8 +248,10 @@ async def bench_score(
     return out
 
 
-def start_redis() -> tuple[subprocess.Popen[bytes], str] | None:
-    binary = shutil.which("redis-server")
+def start_redis(binary_name: str = "redis-server") -> tuple[subprocess.Popen[bytes], str] | None:
+    """A private ``redis-server`` (or ``valkey-server``) on a free loopback port, no
+    persistence; None when the binary is not installed."""
+    binary = shutil.which(binary_name)
     if binary is None:
         return None
     with socket.socket() as s:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis
 import redis.asyncio
-from router_core import bench_ingest, make_stream, populate
+from router_core import bench_ingest, make_stream, populate, start_redis
 
 from router.index import IndexBackend, make_index
 from router.score.scorer import Scorer
@@ -114,31 +114,6 @@ def start_cluster() -> tuple[list[subprocess.Popen[bytes]], str] | None:
                 raise RuntimeError("the cluster did not reach cluster_state:ok")
             time.sleep(0.05)
     return procs, f"redis+cluster://127.0.0.1:{data[0]}"
-
-
-def start_server(binary_name: str) -> tuple[subprocess.Popen[bytes], str] | None:
-    """A private ``redis-server`` (or ``valkey-server``) on a free loopback port."""
-    binary = shutil.which(binary_name)
-    if binary is None:
-        return None
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            client.ping()
-            return proc, f"redis://127.0.0.1:{port}/0"
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    return None
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -328,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = None
     url = args.redis_url
     if url is None:
-        started = start_server(args.redis_server)
+        started = start_redis(args.redis_server)
         if started is None:
             print(f"{args.redis_server} not available", file=sys.stderr)
             return 1
