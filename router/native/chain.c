@@ -26,6 +26,39 @@ static inline int compact_int(PyObject *o, long *out) {
 #endif
 }
 
+int kvr_chain_args(PyObject *const *args, uint64_t *seed, Py_ssize_t *bs, Py_ssize_t *nb) {
+    if (kvr_u64_digits(args[0], seed) != 1) {
+        *seed = PyLong_AsUnsignedLongLong(args[0]);
+        if (*seed == (uint64_t)-1 && PyErr_Occurred())
+            return -1;
+    }
+    *bs = PyLong_AsSsize_t(args[2]);
+    *nb = PyLong_AsSsize_t(args[3]);
+    if ((*bs == -1 || *nb == -1) && PyErr_Occurred())
+        return -1;
+    if (*bs <= 0 || *nb < 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size > 0 and n_blocks >= 0");
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *kvr_chain_keys(const int32_t *buf, Py_ssize_t bs, Py_ssize_t nb, uint64_t seed) {
+    PyObject *out = PyList_New(nb);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        seed = XXH3_64bits_withSeed(buf + b * bs, (size_t)bs * sizeof(int32_t), seed);
+        PyObject *k = PyLong_FromUnsignedLongLong(seed);
+        if (k == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, b, k);
+    }
+    return out;
+}
+
 /* chain(seed, tokens, block_size, n_blocks) -> list of keys, or None when a token is
  * not an int32 (the caller's slow path handles those blocks). */
 PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -33,17 +66,10 @@ PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "chain(seed, tokens, block_size, n_blocks)");
         return NULL;
     }
-    uint64_t seed = PyLong_AsUnsignedLongLong(args[0]);
-    if (seed == (uint64_t)-1 && PyErr_Occurred())
+    uint64_t seed;
+    Py_ssize_t bs, nb;
+    if (kvr_chain_args(args, &seed, &bs, &nb) < 0)
         return NULL;
-    Py_ssize_t bs = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t nb = PyLong_AsSsize_t(args[3]);
-    if ((bs == -1 || nb == -1) && PyErr_Occurred())
-        return NULL;
-    if (bs <= 0 || nb < 0) {
-        PyErr_SetString(PyExc_ValueError, "block_size > 0 and n_blocks >= 0");
-        return NULL;
-    }
     PyObject *seq = PySequence_Fast(args[1], "tokens must be a sequence");
     if (seq == NULL)
         return NULL;
@@ -79,18 +105,7 @@ PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         }
         buf[i] = (int32_t)v;
     }
-    out = PyList_New(nb);
-    if (out == NULL)
-        goto end;
-    for (Py_ssize_t b = 0; b < nb; b++) {
-        seed = XXH3_64bits_withSeed(buf + b * bs, (size_t)bs * sizeof(int32_t), seed);
-        PyObject *k = PyLong_FromUnsignedLongLong(seed);
-        if (k == NULL) {
-            Py_CLEAR(out);
-            goto end;
-        }
-        PyList_SET_ITEM(out, b, k);
-    }
+    out = kvr_chain_keys(buf, bs, nb, seed);
     goto end;
 slow:
     out = Py_None;

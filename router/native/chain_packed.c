@@ -6,7 +6,6 @@
 #include "core.h"
 
 #ifdef KVR_XXHASH
-#include <xxhash.h>
 
 /* The array header at p[0..len): element count and header size, or -1. */
 static Py_ssize_t array_header(const unsigned char *p, Py_ssize_t len, Py_ssize_t *hdr) {
@@ -132,19 +131,9 @@ PyObject *kvr_chain_packed(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     uint64_t seed;
-    if (kvr_u64_digits(args[0], &seed) != 1) {
-        seed = PyLong_AsUnsignedLongLong(args[0]);
-        if (seed == (uint64_t)-1 && PyErr_Occurred())
-            return NULL;
-    }
-    Py_ssize_t bs = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t nb = PyLong_AsSsize_t(args[3]);
-    if ((bs == -1 || nb == -1) && PyErr_Occurred())
+    Py_ssize_t bs, nb;
+    if (kvr_chain_args(args, &seed, &bs, &nb) < 0)
         return NULL;
-    if (bs <= 0 || nb < 0) {
-        PyErr_SetString(PyExc_ValueError, "block_size > 0 and n_blocks >= 0");
-        return NULL;
-    }
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -172,18 +161,7 @@ PyObject *kvr_chain_packed(PyObject *self, PyObject *const *args, Py_ssize_t nar
         Py_INCREF(out);
         goto end;
     }
-    out = PyList_New(nb);
-    if (out == NULL)
-        goto end;
-    for (Py_ssize_t b = 0; b < nb; b++) {
-        seed = XXH3_64bits_withSeed(buf + b * bs, (size_t)bs * sizeof(int32_t), seed);
-        PyObject *k = PyLong_FromUnsignedLongLong(seed);
-        if (k == NULL) {
-            Py_CLEAR(out);
-            goto end;
-        }
-        PyList_SET_ITEM(out, b, k);
-    }
+    out = kvr_chain_keys(buf, bs, nb, seed);
 end:
     if (buf != stackbuf)
         PyMem_Free(buf);
