@@ -163,6 +163,19 @@ static int rowkey_cmp(const void *pa, const void *pb) {
     return a->j < b->j ? -1 : a->j > b->j;
 }
 
+/* One row: WorkerRow(worker id, hit_tokens, hit_tokens_gpu, score, learned=True, a fresh
+ * list of the proto's groups): the Struct's field order (router/score/rows.py) in one place. */
+static PyObject *make_row(PyObject *type, PyObject *wid, PyObject *proto, PyObject *score) {
+    PyObject *groups = PySequence_List(PyTuple_GET_ITEM(proto, 3));
+    if (groups == NULL)
+        return NULL;
+    PyObject *argv[6] = {wid, PyTuple_GET_ITEM(proto, 0), PyTuple_GET_ITEM(proto, 1),
+                         score, Py_True, groups};
+    PyObject *row = PyObject_Vectorcall(type, argv, 6, NULL);
+    Py_DECREF(groups);
+    return row;
+}
+
 /* Every member's row, the mixed members' scores from ``late(mixed)`` (one float each,
  * in order), best first when ``ordered`` (scores must not be NaN: the caller checks
  * its weights). */
@@ -198,13 +211,7 @@ static PyObject *rows_with_late(const Work *w, PyObject *type, PyObject *wids,
         keys[j].j = j;
         if (PyErr_Occurred())
             goto fail;
-        PyObject *groups = PySequence_List(PyTuple_GET_ITEM(proto, 3));
-        if (groups == NULL)
-            goto fail;
-        PyObject *argv[6] = {PySequence_Fast_GET_ITEM(wids, j), PyTuple_GET_ITEM(proto, 0),
-                             PyTuple_GET_ITEM(proto, 1), score, Py_True, groups};
-        PyObject *row = PyObject_Vectorcall(type, argv, 6, NULL);
-        Py_DECREF(groups);
+        PyObject *row = make_row(type, PySequence_Fast_GET_ITEM(wids, j), proto, score);
         if (row == NULL)
             goto fail;
         PyList_SET_ITEM(built, j, row);
@@ -336,13 +343,7 @@ PyObject *kvr_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyObject *score = PyTuple_GET_ITEM(proto, 2);
         if (score == Py_None)
             continue;
-        PyObject *groups = PySequence_List(PyTuple_GET_ITEM(proto, 3));
-        if (groups == NULL)
-            goto end;
-        PyObject *argv[6] = {PySequence_Fast_GET_ITEM(wids, j), PyTuple_GET_ITEM(proto, 0),
-                             PyTuple_GET_ITEM(proto, 1), score, Py_True, groups};
-        PyObject *row = PyObject_Vectorcall(type, argv, 6, NULL);
-        Py_DECREF(groups);
+        PyObject *row = make_row(type, PySequence_Fast_GET_ITEM(wids, j), proto, score);
         if (row == NULL)
             goto end;
         PyList_SET_ITEM(built, start[ordered ? bucket[w.cls[j]] : 0]++, row);
