@@ -17,6 +17,19 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="compiled core no
 core = native._core
 
 
+def _attrs(rng: random.Random, slots: list[int], n: int) -> list[dict[int, int]]:
+    """``n`` attributes: each maps a value (0, 16, 32 or 48) to the bitset of the member
+    slots (4 bits apart) that have it."""
+    attrs = []
+    for _ in range(n):
+        classes: dict[int, int] = {}
+        for s in slots:
+            v = rng.choice([0, 16, 32, 48])
+            classes[v] = classes.get(v, 0) | 1 << (4 * s)
+        attrs.append(classes)
+    return attrs
+
+
 def test_rows_equal_the_python_loop() -> None:
     """Members' classes from the attrs' bitsets (what ``_labels`` computes with numpy),
     a prototype per class, rows best first with ties in member order (members come
@@ -29,13 +42,7 @@ def test_rows_equal_the_python_loop() -> None:
         wids = sorted(f"w{s:03d}" for s in slots)
         by_id = dict(zip(sorted(f"w{s:03d}" for s in slots), sorted(slots), strict=True))
         order = [4 * by_id[w] for w in wids]
-        attrs = []
-        for _ in range(rng.randrange(2, 5)):
-            classes: dict[int, int] = {}
-            for s in slots:
-                v = rng.choice([0, 16, 32, 48])
-                classes[v] = classes.get(v, 0) | 1 << (4 * s)
-            attrs.append(classes)
+        attrs = _attrs(rng, slots, rng.randrange(2, 5))
 
         def make(key: tuple[int, ...]) -> tuple[int, int, float | None, list[GroupRow]]:
             h, hg = key[0], key[1]
@@ -72,13 +79,7 @@ def test_rows_with_late_scores_equal_sort_rows() -> None:
         slots = list(range(nslots))
         wids = [f"w{s:03d}" for s in slots]
         order = [4 * s for s in slots]
-        attrs = []
-        for _ in range(3):
-            classes: dict[int, int] = {}
-            for s in slots:
-                v = rng.choice([0, 16, 32, 48])
-                classes[v] = classes.get(v, 0) | 1 << (4 * s)
-            attrs.append(classes)
+        attrs = _attrs(rng, slots, 3)
 
         def make(key: tuple[int, ...]) -> tuple[int, int, float | None, list[GroupRow]]:
             h, hg = key[0], key[1]
