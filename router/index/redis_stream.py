@@ -80,15 +80,13 @@ async def stream_evalsha(r: Any, sha: str, calls: Iterable[tuple[str, list[Any]]
     """``EVALSHA sha 1 key *args`` per call on one pooled connection, the first written
     at once and the rest as ~16 KB accumulate (a send per call would cost the client a
     syscall each), so the server starts while the client encodes; the replies in order
-    (a script error as its exception, like a pipeline's). A failure mid-stream drops the
-    connection (replies would be out of step) and raises."""
+    (a script error as its exception, like a pipeline's). Written with redis-py's
+    ``send_packed_command`` (its socket timeout and error mapping). A failure mid-stream
+    drops the connection (replies would be out of step) and raises."""
     pool = r.connection_pool
     conn = await pool.get_connection()
     sha_b = sha.encode()
     try:
-        if not conn.is_connected:
-            await conn.connect()
-        writer = conn._writer
         sent, buf, size = 0, [], 0
         for key, args in calls:
             packed = pack_evalsha(sha_b, key.encode(), args)
@@ -96,11 +94,10 @@ async def stream_evalsha(r: Any, sha: str, calls: Iterable[tuple[str, list[Any]]
             size += len(packed)
             sent += 1
             if sent == 1 or size >= FLUSH_BYTES:
-                writer.writelines(buf)
+                await conn.send_packed_command(buf, check_health=False)
                 buf, size = [], 0
         if buf:
-            writer.writelines(buf)
-        await writer.drain()
+            await conn.send_packed_command(buf, check_health=False)
         replies: list[Any] = []
         for _ in range(sent):
             try:
