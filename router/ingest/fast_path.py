@@ -141,6 +141,14 @@ def _chains(batch: KVEventBatch, known: dict[EngineHash, BlockKey]) -> bool:
     return True
 
 
+def _takes(state: WorkerState) -> bool:
+    """The fast path is on and the worker's settings let it plan (partial-hash hits and
+    report-full streams always take the general path). Shared by ``first_apart`` and
+    ``plan_simple`` so the two agree."""
+    settings = state.settings
+    return ENABLED and not settings.report_full and not settings.partial_hash_hits
+
+
 def first_apart(
     state: WorkerState, batch: KVEventBatch, marks: Sequence[tuple[int, int, int, int]]
 ) -> list[tuple[KVEventBatch, Sequence[tuple[int, int, int, int]]]]:
@@ -150,13 +158,7 @@ def first_apart(
     learns the mode from the first, so the rest of a backlog (a start, a replay) takes
     the fast path instead of the general one. Planning the pieces in turn with one
     ``known`` gives the same operations as the merged batch (each step is order-exact)."""
-    if (
-        not ENABLED
-        or state.hash_mode != "unknown"
-        or len(marks) < 2
-        or state.settings.report_full
-        or state.settings.partial_hash_hits
-    ):
+    if not _takes(state) or state.hash_mode != "unknown" or len(marks) < 2:
         return [(batch, marks)]
     cut = marks[1][0]
     events = batch.events
@@ -180,16 +182,8 @@ async def plan_simple(
     """Append the batch's operations to ``ops`` and return True, or return False with
     nothing changed but ``known`` (its parents looked up, as ``router.ingest.resolve``
     would) when the batch needs the general path."""
-    settings = state.settings
     unit = state.hash_unit
-    if (
-        not ENABLED
-        or not unit
-        or settings.report_full
-        or settings.partial_hash_hits
-        or state.hash_mode == "unknown"
-        or pend
-    ):
+    if not _takes(state) or not unit or state.hash_mode == "unknown" or pend:
         return False
     scanned = _scan(batch, unit, known)
     if scanned is None:
