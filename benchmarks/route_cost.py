@@ -6,7 +6,8 @@ same workload for two implementations in one run, repeats interleaved so machine
 hits both alike: ``before`` is ``router/routing`` at ``--before`` (a git ref, read with
 ``git show`` and loaded under another package name), ``after`` is the working tree.
 Both must choose the same workers for the whole sequence (checked; the decisions test is
-``tests/router/routing/test_route_replay.py``).
+``tests/router/routing/test_route_replay.py``), so ``after`` runs with the weights the
+default ref had (``AS_BEFORE``: the share prior's 4-request warm-up, no round-4 terms).
 
 Workload: 256-token prompts (as ``benchmarks/proxy.py``) from 32 sessions over 4 system
 prompts; each worker's score 0 except 1-3 workers holding part of the prompt; up to
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import importlib
 import importlib.abc
 import importlib.util
@@ -39,6 +41,8 @@ sys.path.insert(0, str(REPO))
 
 # main when this benchmark was written, before the round-3c speed-ups (issue 16).
 DEFAULT_BEFORE = "065c969"
+# The defaults that changed since DEFAULT_BEFORE (decisions, on purpose; issue 15).
+AS_BEFORE = {"share_warmup": 4.0, "large_tokens": 0.0, "ttft_miss": 0.0}
 
 
 @dataclass(slots=True)
@@ -101,11 +105,17 @@ def workload(workers: int, requests: int, seed: int = 1) -> list[tuple[list[int]
     return out
 
 
-def run_once(state: Any, work: list, policy: str, inflight: int) -> tuple[float, list[str]]:
-    """Seconds per request (route + finish), and the chosen workers."""
+def run_once(
+    state: Any, work: list, policy: str, inflight: int, weights: dict[str, float] | None = None
+) -> tuple[float, list[str]]:
+    """Seconds per request (route + finish), and the chosen workers; ``weights`` replace
+    defaults of ``state``'s ``PolicyWeights``."""
     ticks = itertools.count()
+    config = state.RoutingConfig(seed=5)
+    if weights:
+        config = dataclasses.replace(config, weights=dataclasses.replace(config.weights, **weights))
     # A deterministic clock (0.2 ms a call): both implementations see the same times.
-    core = state.RoutingCore(state.RoutingConfig(seed=5), clock=lambda: next(ticks) * 2e-4)
+    core = state.RoutingCore(config, clock=lambda: next(ticks) * 2e-4)
     route, finish = core.route, core.finish
     open_: deque[str] = deque()
     chosen: list[str] = []
@@ -143,8 +153,8 @@ def main() -> None:
     times: dict[str, list[float]] = {"before": [], "after": []}
     choices: dict[str, list[str]] = {}
     for _ in range(args.repeats):
-        for label, state in (("before", before), ("after", after)):
-            per_request, chosen = run_once(state, work, args.policy, args.inflight)
+        for label, state, weights in (("before", before, None), ("after", after, AS_BEFORE)):
+            per_request, chosen = run_once(state, work, args.policy, args.inflight, weights)
             times[label].append(per_request * 1e6)
             choices[label] = chosen
     same = choices["before"] == choices["after"]

@@ -159,9 +159,11 @@ class KvAwarePolicy(Policy):
         over_fair = fair + prior
         costs: list[float] = []
         append = costs.append
+        # (``ttft_miss`` can apply only to a request of at least that many tokens: the
+        # per-worker TTFT lists are not built for the others.)
         timed = (
             weights.ttft_below > 0
-            or weights.ttft_miss > 0
+            or 0 < weights.ttft_miss <= n
             or weights.escape > 0
             or weights.escape_floor > 0
         )
