@@ -193,13 +193,7 @@ class MemoryIndex(MemoryReads):
                 remove, emap, counts, i, pos, fpos, bits, anyb, siblings, bs = hit
                 got = remove(emap, op.hashes, pos, fpos, bits, anyb, siblings)
                 if got is not None:  # else the general loop below (no change made)
-                    new, fresh, gone = got
-                    if gone:
-                        add_ghosts(w, bs, gone, self._ghost_cap)
-                    res.removed += new
-                    res.removed_missing += len(op.hashes) - new
-                    counts[i] -= new
-                    w.entries[op.group] = w.entries.get(op.group, 0) - fresh
+                    self._removed(w, res, counts, i, op, bs, got)
                     continue
             if isinstance(op, SeqOp):
                 last = w.seqs.get(op.rank)
@@ -278,13 +272,7 @@ class MemoryIndex(MemoryReads):
                         remove, emap, counts, _BIT_SLOT[bit], 4 * w.slot,
                         4 * w.slot + field, b, anyb, siblings, bs,
                     )  # fmt: skip
-                new, fresh, gone = got
-                if gone:
-                    add_ghosts(w, bs, gone, self._ghost_cap)
-                res.removed += new
-                res.removed_missing += len(op.hashes) - new
-                counts[_BIT_SLOT[op.medium_bit]] -= new
-                w.entries[g] = w.entries.get(g, 0) - fresh
+                self._removed(w, res, counts, _BIT_SLOT[bit], op, bs, got)
                 continue
             dropped = 0  # copies removed while the block stays
             for h in op.hashes:
@@ -320,6 +308,26 @@ class MemoryIndex(MemoryReads):
             counts[_BIT_SLOT[op.medium_bit]] -= new - dropped
             w.entries[g] = w.entries.get(g, 0) - fresh
         return res
+
+    def _removed(
+        self,
+        w: _Worker,
+        res: ApplyResult,
+        counts: list[int],
+        i: int,
+        op: RemoveOp,
+        bs: int,
+        got: tuple[int, int, list[tuple[EngineHash, BlockKey]]],
+    ) -> None:
+        """Account for a removal the compiled core made (``U64Map.remove``'s answer: blocks
+        removed, keys the worker no longer holds, mappings gone to the ghosts)."""
+        new, fresh, gone = got
+        if gone:
+            add_ghosts(w, bs, gone, self._ghost_cap)
+        res.removed += new
+        res.removed_missing += len(op.hashes) - new
+        counts[i] -= new
+        w.entries[op.group] = w.entries.get(op.group, 0) - fresh
 
     def _clear(self, w: _Worker) -> None:
         """Drop the worker's bits; its maps name every key it holds (whatever the block
