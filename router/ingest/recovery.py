@@ -57,9 +57,10 @@ class RecoveryMixin:
     def _event(self, event: str, **fields: object) -> dict[str, object]:
         raise NotImplementedError
 
-    def _decode(
-        self, payload: bytes, seq: int, stats: DecodeStats | None = None
-    ) -> KVEventBatch | None:
+    def _decode(self, payload: bytes, seq: int) -> tuple[KVEventBatch | None, DecodeStats | None]:
+        raise NotImplementedError
+
+    def _count_decoded(self, stats: DecodeStats | None) -> None:
         raise NotImplementedError
 
     async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
@@ -231,12 +232,11 @@ class RecoveryMixin:
         """Apply the frames not applied yet; a replay overlaps what was decoded live, so
         decoder counters count a frame only when it is new (once per seq)."""
         for frame in frames:
-            scratch = DecodeStats()
-            batch = self._decode(frame.payload, frame.seq, scratch)
+            batch, stats = self._decode(frame.payload, frame.seq)
             if batch is None:
                 continue
             if self._seq.is_new(batch.data_parallel_rank or 0, frame.seq):
-                self.decode_stats.add(scratch)
+                self._count_decoded(stats)
             await self._apply_if_new(frame.seq, batch, frame.payload)
 
     async def _clear(self, why: str) -> None:

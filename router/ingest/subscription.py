@@ -267,13 +267,7 @@ class WorkerSubscription(RecoveryMixin):
             self._decode_error(f"expected 3 frames [topic, seq(8B), payload], got {len(frames)}")
             return
         seq = int.from_bytes(frames[1], "big")
-        # Counted unless a replay already applied this frame; the packed decode (the
-        # common form) counts one batch and nothing else.
-        batch = packed.decode(frames[2])
-        scratch = None
-        if batch is None:
-            scratch = DecodeStats()
-            batch = self._decode(frames[2], seq, scratch, packed_first=False)
+        batch, stats = self._decode(frames[2], seq)
         if batch is None:
             if self.spec.replay_endpoint is not None:
                 # Corrupted in transit? The publisher's buffer holds its own copy: fetch
@@ -283,12 +277,8 @@ class WorkerSubscription(RecoveryMixin):
         rank = batch.data_parallel_rank or 0
         decision = self._seq.observe_live(rank, seq)
         verdict = decision.verdict
-        if verdict is Verdict.DUPLICATE:
-            pass
-        elif scratch is None:
-            self.decode_stats.batches += 1
-        else:
-            self.decode_stats.add(scratch)
+        if verdict is not Verdict.DUPLICATE:  # a replay applied it: counted then
+            self._count_decoded(stats)
         if verdict is Verdict.APPLY:
             await self._apply(seq, batch, frames[2])
         elif verdict is Verdict.DUPLICATE:
@@ -341,27 +331,27 @@ class WorkerSubscription(RecoveryMixin):
         await self._writer.stage(rank, seq, batch, fingerprint)
 
     # ------------------------------------------------------------------ decode
-    def _decode(
-        self,
-        payload: bytes,
-        seq: int,
-        stats: DecodeStats | None = None,
-        *,
-        packed_first: bool = True,
-    ) -> KVEventBatch | None:
-        counted = self.decode_stats if stats is None else stats
-        batch = packed.decode(payload) if packed_first else None
+    def _decode(self, payload: bytes, seq: int) -> tuple[KVEventBatch | None, DecodeStats | None]:
+        """The batch (None if undecodable), and what decoding it counted, for
+        ``_count_decoded`` once the caller knows the frame is new: None from the packed
+        decode (the common form: one batch, nothing else, no counter object per frame)."""
+        batch = packed.decode(payload)
         if batch is not None:
-            counted.batches += 1
-            return batch
+            return batch, None
+        stats = DecodeStats()
         try:
-            return decode_batch(payload, counted)
+            return decode_batch(payload, stats), stats
         except DecodeError as exc:
-            if self._seq.is_bad(seq):  # bad at the source too: its replayed copy
-                return None
-            self._seq.mark_bad(seq)
-            self._decode_error(f"seq {seq}: {exc}")
-            return None
+            if not self._seq.is_bad(seq):  # else bad at the source too: its replayed copy
+                self._seq.mark_bad(seq)
+                self._decode_error(f"seq {seq}: {exc}")
+            return None, stats
+
+    def _count_decoded(self, stats: DecodeStats | None) -> None:
+        if stats is None:
+            self.decode_stats.batches += 1
+        else:
+            self.decode_stats.add(stats)
 
     def _decode_error(self, why: str) -> None:
         self.counters.decode_errors += 1
