@@ -243,13 +243,17 @@ class MemoryIndex(MemoryReads):
                     w.entries[g] = w.entries.get(g, 0) + fresh
                     continue
                 setdefault = emap.setdefault
+                last: int | None = None  # one new int per old value (map_store.c's Memo)
+                nv = 0
                 for h, k in zip(op.hashes, op.keys, strict=True):
                     k = setdefault(h, k)
                     v = get(k, 0)
                     if not v & b:
                         if not v & own:
                             fresh += 1
-                        t[k] = v | b | anyb if v else solo
+                        if v is not last:
+                            last, nv = v, v | b | anyb if v else solo
+                        t[k] = nv
                         new += 1
                     else:  # another physical copy of a block already held
                         c = (g, bit, k)
@@ -275,6 +279,7 @@ class MemoryIndex(MemoryReads):
                 self._removed(w, res, counts, _BIT_SLOT[bit], op, bs, got)
                 continue
             dropped = 0  # copies removed while the block stays
+            last, nv = None, 0
             for h in op.hashes:
                 k = emap.get(h)
                 v = 0 if k is None else get(k, 0)
@@ -291,9 +296,11 @@ class MemoryIndex(MemoryReads):
                             del copies[c]
                         dropped += 1
                         continue
-                v ^= b
-                if not v & media:
-                    v ^= anyb  # no medium left: not held at all
+                if v is not last:
+                    last, nv = v, v ^ b
+                    if not nv & media:
+                        nv ^= anyb  # no medium left: not held at all
+                v = nv
                 if v:
                     t[k] = v
                 else:
@@ -334,6 +341,7 @@ class MemoryIndex(MemoryReads):
         size a group had when the key was stored)."""
         keep = ~(0xF << (4 * w.slot))
         keys = {k for emap in w.maps.values() for k in emap.values()}
+        seen: dict[int, int] = {}  # equal holder sets keep sharing one int (by value)
         for g, held in w.entries.items():
             t = self._tables.get(g)
             if not held or t is None:
@@ -341,7 +349,10 @@ class MemoryIndex(MemoryReads):
             for k in keys:
                 v = t.get(k)
                 if v is not None:
-                    v &= keep
+                    got = seen.get(v)
+                    if got is None:
+                        got = seen[v] = v & keep
+                    v = got
                     if v:
                         t[k] = v
                     else:

@@ -115,6 +115,24 @@ def chain_keys(
     return out
 
 
+# Ranges at least this long are kept as 8-byte words (``compact_keys``).
+COMPACT_MIN = 16
+
+
+def compact_keys(keys: list[int]) -> Sequence[int]:
+    """Block keys to keep for later (the ingestor's recent ranges): a long range as an
+    array of uint64 words, 8 bytes a key instead of an int object and its pointer (~40).
+    Measured: a fleet whose stores are whole conversations kept every key it ingested
+    there, 43 bytes per index entry at 64 workers; short ranges stay lists (a step's
+    few blocks cost little, and converting them would cost each store)."""
+    if len(keys) < COMPACT_MIN:
+        return keys
+    try:
+        return array("Q", keys)
+    except (OverflowError, TypeError):  # not all uint64: kept as they are
+        return keys
+
+
 def key_bytes(key: int) -> bytes:
     """A key as the 8-byte parent of its children (the inverse of the int form)."""
     return key.to_bytes(8, "big")

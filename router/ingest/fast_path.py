@@ -39,7 +39,7 @@ from router.index.base import (
     StoreOp,
     WorkerState,
 )
-from router.ingest.block_keys import chain_keys, key_bytes, root_digest
+from router.ingest.block_keys import chain_keys, compact_keys, key_bytes, root_digest
 from router.ingest.counters import IngestCounters
 from router.ingest.packed import tokens as unpacked
 from router.ingest.partials import PendingPartials
@@ -176,7 +176,7 @@ async def plan_simple(
     known: dict[EngineHash, BlockKey],
     marks: Sequence[tuple[int, int, int, int]],
     pend: PendingPartials,
-    recent: deque[tuple[Any, list[BlockKey]]],
+    recent: deque[tuple[Any, Sequence[BlockKey]]],
     ops: list[Op],
 ) -> bool:
     """Append the batch's operations to ``ops`` and return True, or return False with
@@ -292,7 +292,7 @@ async def plan_simple(
     # a packed store's own bytes: a view would pin its whole payload.
     cap = recent.maxlen
     recent.extend(
-        (t.copy() if type(t) is Raw else t, k)
+        (t.copy() if type(t) is Raw else t, compact_keys(k))
         for t, k in (ranges if cap is None else ranges[-cap:])
     )
     return True

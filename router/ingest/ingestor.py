@@ -40,6 +40,7 @@ from router.index.base import (
     StoreOp,
     WorkerState,
 )
+from router.ingest.block_keys import compact_keys
 from router.ingest.counters import IngestCounters
 from router.ingest.fast_path import first_apart, plan_simple
 from router.ingest.key_planner import Keyed, KeyPlanner
@@ -87,7 +88,7 @@ class Ingestor:
         self._states: dict[str, WorkerState] = {}
         # Per worker, the token ranges of recent stores with their unit keys: where a
         # parent no event named is found by its tokens (``KeyPlanner._locate``).
-        self._recent: dict[str, deque[tuple[Any, list[BlockKey]]]] = {}
+        self._recent: dict[str, deque[tuple[Any, Sequence[BlockKey]]]] = {}
         # Bad input repeats for as long as its cause lasts: the first few per reason,
         # then one line a minute with the count suppressed meanwhile.
         self._limited = RateLimitedLog(log)
@@ -287,7 +288,7 @@ class Ingestor:
         marks: Sequence[SeqMark],
         delta: Unwritten | None,
         pend: PendingPartials,
-        recent: deque[tuple[Any, list[BlockKey]]],
+        recent: deque[tuple[Any, Sequence[BlockKey]]],
         ops: list[Op],
     ) -> None:
         """Any batch: keys by ``KeyPlanner``, then the operations in event order."""
@@ -306,7 +307,7 @@ class Ingestor:
             )
         fixes = self._recomputes[worker_id].fixes if state.settings.report_full else {}
         keyed = planner.run()
-        recent.extend((t, u) for t, u, here in planner.ranges if here)
+        recent.extend((t, compact_keys(u)) for t, u, here in planner.ranges if here)
 
         pending = list(reversed(marks))
         for i, ev in enumerate(batch.events):

@@ -58,7 +58,7 @@ class KeyPlanner:
         batch: KVEventBatch,
         known: dict[EngineHash, BlockKey],
         default_block_size: int | None = None,
-        recent: Sequence[tuple[Any, list[BlockKey]]] | None = None,
+        recent: Sequence[tuple[Any, Sequence[BlockKey]]] | None = None,
     ) -> None:
         self.default_block_size = default_block_size
         self.unit = state.hash_unit
@@ -67,7 +67,7 @@ class KeyPlanner:
         self.events = batch.events
         self.known = known
         # Token ranges whose unit keys were computed: (tokens, unit keys, this batch?)
-        self.ranges: list[tuple[Any, list[BlockKey], bool]] = [
+        self.ranges: list[tuple[Any, Sequence[BlockKey], bool]] = [
             (tokens(t), u, False) for t, u in (recent or ())
         ]
         # Stores that re-announce a hit (``router.ingest.reannounce``): no new copies.
