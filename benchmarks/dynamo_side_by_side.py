@@ -231,18 +231,27 @@ async def fleet(core: Any, n_workers: int, entries: int, queries: int) -> dict[s
 
 
 def traced_bytes(n_workers: int, entries: int) -> float:
-    """kvroute bytes per entry by tracemalloc (what the index keeps, engine hashes too)."""
+    """kvroute bytes per entry by tracemalloc: what the index keeps (engine hashes too)
+    and what the ingestor that fed it keeps (its recent token ranges' keys), both alive
+    as in a router."""
     wl = Workload(n_workers, entries, seed=n_workers)
     kv, _, _ = wl.events(None, range(n_workers), local=False)
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     index = make_index("memory")
-    asyncio.run(_kv_ingest(index, kv))
+    ing = Ingestor(index)
+
+    async def feed(batches: list[tuple[str, KVEventBatch]]) -> None:
+        for wid, batch in batches:
+            await ing.apply_batch(wid, batch)
+
+    asyncio.run(feed(kv))
     del kv
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
+    assert ing.counters.bad_events == 0
     return round(used / int(asyncio.run(index.stats())["entries"]), 1)
 
 
@@ -306,9 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"load_avg": os.getloadavg()[0], "fleets": [], "scaling": []}
     for n in sizes:
         res["fleets"].append(asyncio.run(fleet(core, n, args.entries, args.queries)))
-    res["kv_traced_bytes_per_entry"] = {
-        n: traced_bytes(n, min(args.entries, 200_000)) for n in sizes
-    }
+    res["kv_traced_bytes_per_entry"] = {n: traced_bytes(n, args.entries) for n in sizes}
     scale = [int(x) for x in args.scale.split(",") if x]
     res["scaling"] = asyncio.run(scaling(core, scale, args.scale_workers, args.queries // 2))
     res["load_avg_end"] = os.getloadavg()[0]
