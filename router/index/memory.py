@@ -9,7 +9,10 @@ lookup per block *per worker* (measured: with 64 workers the per-worker layout s
 ~8 ms of an 8k-token score in cache-missing lookups) -- and a worker's media bytes are
 one strided slice of the values' bytes and a ``translate`` (a slot's four bits share a
 byte). A key held by one worker alone stores one shared int per (slot, medium), so its
-value costs nothing; workers sharing a prefix share its entries.
+value costs nothing; workers sharing a prefix share its entries, and the keys of a
+prefix held by the same workers share one int (a write op reuses the value it made for
+the previous block with the same old value): one int per distinct holder set along a
+chain, so bytes per entry stay flat as workers join (docs/benchmarks.md, round 5).
 
 Per worker: ``maps[block_size]`` maps engine hash -> block key, shared by the groups of
 one block size (they carry the same hashes). It doubles as the reverse structure: every
