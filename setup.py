@@ -19,6 +19,7 @@ _SOURCES = (
     "map_type",
     "map_scan",
     "map_store",
+    "map_remove",
     "chain",
     "chain_packed",
     "rows",
@@ -64,7 +65,7 @@ def _extensions() -> list[Extension]:
         Extension(
             "router.native._core",
             sources=[f"router/native/{name}.c" for name in _SOURCES],
-            depends=["router/native/core.h", "router/native/rows.h"],
+            depends=["router/native/core.h", "router/native/rows.h", "router/native/memo.h"],
             define_macros=[("KVR_XXHASH", "1")] if xx else [],
             libraries=["xxhash"] if xx else [],
             extra_compile_args=["-O3"],

@@ -40,6 +40,7 @@ from router.index.base import (
     StoreOp,
     WorkerState,
 )
+from router.index.memory_loops import remove_loop, store_loop
 from router.index.memory_read import MemoryReads
 from router.index.memory_worker import GHOST_ENTRIES, add_ghosts
 from router.index.memory_worker import Worker as _Worker
@@ -170,8 +171,6 @@ class MemoryIndex(MemoryReads):
             self._gen += 1
         copies = w.copies
         anyb = 1 << (4 * w.slot)  # held on some medium
-        own = 0xF * anyb
-        media = own ^ anyb
         res = ApplyResult()
         skip = False
         fast = w.fast
@@ -224,8 +223,6 @@ class MemoryIndex(MemoryReads):
                 counts = w.counts[g] = [0, 0, 0]
             field = _BIT_SLOT[op.medium_bit] + 1
             b = anyb << field
-            get = t.get
-            new = fresh = 0
             if isinstance(op, StoreOp):
                 bit = op.medium_bit
                 solo = self._solo_value(w.slot, field)
@@ -237,33 +234,14 @@ class MemoryIndex(MemoryReads):
                     new, fresh, again = store(
                         emap, op.hashes, op.keys, pos, pos + field, b | anyb, solo
                     )
-                    for k in again:  # another physical copy of a block already held
-                        c = (g, bit, k)
-                        copies[c] = copies.get(c, 0) + 1
-                    res.stored += new
-                    res.stored_repeat += len(op.hashes) - new
-                    counts[_BIT_SLOT[op.medium_bit]] += new
-                    w.entries[g] = w.entries.get(g, 0) + fresh
-                    continue
-                setdefault = emap.setdefault
-                last: int | None = None  # one new int per old value (map_store.c's Memo)
-                nv = 0
-                for h, k in zip(op.hashes, op.keys, strict=True):
-                    k = setdefault(h, k)
-                    v = get(k, 0)
-                    if not v & b:
-                        if not v & own:
-                            fresh += 1
-                        if v is not last:
-                            last, nv = v, v | b | anyb if v else solo
-                        t[k] = nv
-                        new += 1
-                    else:  # another physical copy of a block already held
-                        c = (g, bit, k)
-                        copies[c] = copies.get(c, 0) + 1
+                else:
+                    new, fresh, again = store_loop(t, emap, op, b, anyb, solo)
+                for k in again:  # another physical copy of a block already held
+                    c = (g, bit, k)
+                    copies[c] = copies.get(c, 0) + 1
                 res.stored += new
                 res.stored_repeat += len(op.hashes) - new
-                counts[_BIT_SLOT[op.medium_bit]] += new
+                counts[_BIT_SLOT[bit]] += new
                 w.entries[g] = w.entries.get(g, 0) + fresh
                 continue
             sib_gs = [g2 for g2, m2 in groups.items() if g2 != g and m2.block_size == bs]
@@ -281,42 +259,8 @@ class MemoryIndex(MemoryReads):
                     )  # fmt: skip
                 self._removed(w, res, counts, _BIT_SLOT[bit], op, bs, got)
                 continue
-            dropped = 0  # copies removed while the block stays
-            last, nv = None, 0
-            for h in op.hashes:
-                k = emap.get(h)
-                v = 0 if k is None else get(k, 0)
-                if not v & b:
-                    continue
-                new += 1
-                if copies:
-                    c = (g, bit, k)
-                    extra = copies.get(c)
-                    if extra:  # one copy goes, the block stays cached
-                        if extra > 1:
-                            copies[c] = extra - 1
-                        else:
-                            del copies[c]
-                        dropped += 1
-                        continue
-                if v is not last:
-                    last, nv = v, v ^ b
-                    if not nv & media:
-                        nv ^= anyb  # no medium left: not held at all
-                v = nv
-                if v:
-                    t[k] = v
-                else:
-                    del t[k]
-                if not v & own:
-                    fresh += 1
-                    if not any(s.get(k, 0) & own for s in siblings):
-                        del emap[h]
-                        add_ghosts(w, bs, [(h, k)], self._ghost_cap)
-            res.removed += new
-            res.removed_missing += len(op.hashes) - new
-            counts[_BIT_SLOT[op.medium_bit]] -= new - dropped
-            w.entries[g] = w.entries.get(g, 0) - fresh
+            new, fresh, dropped, gone = remove_loop(t, emap, op, b, anyb, copies, siblings)
+            self._removed(w, res, counts, _BIT_SLOT[bit], op, bs, (new, fresh, gone), dropped)
         return res
 
     def _removed(
@@ -328,15 +272,17 @@ class MemoryIndex(MemoryReads):
         op: RemoveOp,
         bs: int,
         got: tuple[int, int, list[tuple[EngineHash, BlockKey]]],
+        dropped: int = 0,
     ) -> None:
-        """Account for a removal the compiled core made (``U64Map.remove``'s answer: blocks
-        removed, keys the worker no longer holds, mappings gone to the ghosts)."""
+        """Account for a removal (``U64Map.remove``'s answer, or ``remove_loop``'s: blocks
+        removed, keys the worker no longer holds, mappings gone to the ghosts; extra
+        copies dropped while their blocks stay)."""
         new, fresh, gone = got
         if gone:
             add_ghosts(w, bs, gone, self._ghost_cap)
         res.removed += new
         res.removed_missing += len(op.hashes) - new
-        counts[i] -= new
+        counts[i] -= new - dropped
         w.entries[op.group] = w.entries.get(op.group, 0) - fresh
 
     def _clear(self, w: _Worker) -> None:

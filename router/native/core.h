@@ -1,6 +1,6 @@
 /* Shared declarations of kvroute's compiled core (router/native/__init__.py: why, and
  * the fallback). One extension module, ``router.native._core``, from these sources:
- * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), chain.c (block keys), chain_packed.c (from msgpack bytes), rows.c (the
+ * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), map_remove.c (its remove loop; memo.h: their shared value memo), chain.c (block keys), chain_packed.c (from msgpack bytes), rows.c (the
  * scorer's per-worker rows), rows_classify.c (its classes), proto.c (a class's prototype), sweep.c (the rule's candidate sweep), window.c (sliding-window ANDs), pack.c (bitset bytes), _core.c (the module). */
 #ifndef KVR_CORE_H
 #define KVR_CORE_H
@@ -100,6 +100,7 @@ PyObject *kvr_map_lookup_many(MapObject *m, PyObject *const *args, Py_ssize_t na
 /* map_store.c */
 int kvr_bit_set(PyObject *v, Py_ssize_t p); /* 1/0, -1 on error */
 PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
+/* map_remove.c */
 PyObject *kvr_map_remove_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* chain.c (only with libxxhash) */
 PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
