@@ -1,6 +1,6 @@
 """The compiled core (router/native/_core.c) against the Python it replaces: a dict, the
 block-key chain of router.ingest.block_keys, int.to_bytes, and the index's store and
-remove loops (the scorer's loops: test_core_score.py)."""
+remove loops (``router.index.memory_loops``; the scorer's loops: test_core_score.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import random
 import pytest
 
 from router import native
+from router.index.base import GPU_BIT, RemoveOp, StoreOp
+from router.index.memory_loops import remove_loop, store_loop
 from router.ingest.block_keys import chain_keys, root_digest
 from router.score.bits import prefix_classes
 
@@ -133,7 +135,6 @@ def test_store_equals_the_python_store_loop() -> None:
             slot, field = rng.randrange(70), rng.randrange(1, 4)
             anyb = 1 << (4 * slot)
             b = anyb << field
-            own = 0xF * anyb
             solo = (1 | 1 << field) << (4 * slot)
             n = rng.randrange(0, 12)
             bad = [b"h%d" % rng.randrange(9)] if emap_kind in ("native", "dict") else []
@@ -142,47 +143,19 @@ def test_store_equals_the_python_store_loop() -> None:
             if emap_kind == "odd" and n and rng.random() < 0.05:
                 keys[0] = rng.choice([0, 2**64 + 3])
             got = t.store(emap, hashes, keys, 4 * slot, 4 * slot + field, b | anyb, solo)
-            new = fresh = 0
-            again = []
-            for h, k in zip(hashes, keys, strict=True):
-                k = ref_emap.setdefault(h, k)
-                v = ref_t.get(k, 0)
-                if not v & b:
-                    fresh += not v & own
-                    ref_t[k] = v | b | anyb if v else solo
-                    new += 1
-                else:
-                    again.append(k)
-            assert got == (new, fresh, again)
+            op = StoreOp(0, GPU_BIT, hashes, keys)
+            assert got == store_loop(ref_t, ref_emap, op, b, anyb, solo)
         assert dict(t.items()) == ref_t
         assert dict(emap.items()) == ref_emap
 
 
 def _remove_ref(t, emap, hashes, pos, field, siblings):  # type: ignore[no-untyped-def]
     """MemoryIndex.apply's Python RemoveOp loop (no extra copies), on dicts."""
-    anyb, own = 1 << pos, 0xF << pos
-    b, media = anyb << field, own ^ anyb
-    removed = fresh = 0
-    gone = []
-    for h in hashes:
-        k = emap.get(h)
-        v = 0 if k is None else t.get(k, 0)
-        if not v & b:
-            continue
-        removed += 1
-        v ^= b
-        if not v & media:
-            v ^= anyb
-        if v:
-            t[k] = v
-        else:
-            del t[k]
-        if not v & own:
-            fresh += 1
-            if not any(s.get(k, 0) & own for s in siblings):
-                del emap[h]
-                gone.append((h, k))
-    return removed, fresh, gone
+    anyb = 1 << pos
+    new, fresh, _, gone = remove_loop(
+        t, emap, RemoveOp(0, GPU_BIT, hashes), anyb << field, anyb, {}, siblings
+    )
+    return new, fresh, gone
 
 
 def test_remove_equals_the_python_remove_loop() -> None:
