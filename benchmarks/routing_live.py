@@ -227,7 +227,20 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
             await one(queue.get_nowait())
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(client_loop() for _ in range(a.clients)))
+    try:
+        await asyncio.gather(*(client_loop() for _ in range(a.clients)))
+    finally:
+        # Close the clients here, never leave them to the garbage collector. An openai
+        # client is a reference cycle (its resources point back at it), so the cyclic GC
+        # frees it at some point during the *next* way's first burst of requests; then
+        # (1) each idle connection's asyncio transport finalizer closes its socket, whose
+        # fd number a new connection gets at once, and (2) openai's
+        # AsyncHttpxClientWrapper.__del__ schedules aclose(), which aborts those transports
+        # and so removes the *new* connection's reader from the event loop's selector (by
+        # fd number). That stream never reads the answer the engine sent in full, and its
+        # turn hangs until one()'s 30 s wait_for gives up (turns_retried_after_30s).
+        for client in clients:
+            await client.close()
     wall = time.perf_counter() - t0
     per = await fleet.engine_prompt_tokens()
     mean = sum(per) / len(per)
