@@ -47,9 +47,20 @@ def test_chain_packed_equals_chain_over_the_ints() -> None:
     "bad", [[2**31], [-(2**31) - 1], [2**63], ["x"], [1.5], [None], [[1]], [b"x"]]
 )
 def test_non_int32_tokens_are_refused(bad: list[object]) -> None:
-    raw = msgspec.msgpack.encode([3] * 15 + bad)
-    assert core.packed_len(raw) == -1
-    assert core.chain_packed(1, raw, 16, 1) is None
+    # Last (read by the careful tail loop) and in the middle of uint16/uint32 ids (read
+    # by the branch-free loop while 5 bytes are left).
+    for toks in ([3] * 15 + bad, [70_000, 300] * 7 + bad + [65_536, 1] * 8):
+        raw = msgspec.msgpack.encode(toks)
+        assert core.packed_len(raw) == -1
+        assert core.chain_packed(1, raw, 16, 1) is None
+
+
+def test_uint32_over_int32_is_refused_anywhere() -> None:
+    for at in range(12):
+        toks: list[int] = [70_000] * 12
+        toks[at] = 2**32 - 1
+        raw = msgspec.msgpack.encode(toks)
+        assert core.packed_len(raw) == -1, at
 
 
 def test_not_an_array_or_too_short() -> None:
