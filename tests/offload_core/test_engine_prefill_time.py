@@ -4,13 +4,12 @@ one prefill at a time (what makes TTFT in benchmarks/routing_live.py depend on h
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
+from _helpers import serve_in_thread
 
 from offload_core.engine import EngineConfig, SimEngine
 from offload_core.engine_app import create_app
@@ -23,16 +22,8 @@ PER_TOKEN_S = 0.01
 def base_url() -> Iterator[str]:
     engine = SimEngine(EngineConfig(worker_id="w0", groups="full:4", gpu_blocks=64, cpu_blocks=0))
     app = create_app(engine, prefill_s_per_token=PER_TOKEN_S)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app, start_s=20) as url:
+        yield url
     engine.shutdown()
 
 

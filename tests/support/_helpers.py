@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +114,24 @@ async def serve_app(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 20)
         sock.close()
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI, start_s: float = 30) -> Iterator[str]:
+    """uvicorn on 127.0.0.1:<free port> in a thread of its own (for tests whose client
+    runs its own loop); yields the base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + start_s
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def stored(

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
+from _helpers import serve_in_thread
 
 from benchmarks.routing_live import chat
 from offload_core.engine import EngineConfig, SimEngine
@@ -34,16 +32,8 @@ TINY = Path(__file__).resolve().parents[3] / "router/proxy/data/tiny"
 def engine_url() -> Iterator[str]:
     engine = SimEngine(EngineConfig(worker_id="w0", gpu_blocks=256, cpu_blocks=0))
     app = create_app(engine, tokenizer=ModelTokenizer(str(TINY)))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app) as url:
+        yield url
     engine.shutdown()
 
 
