@@ -22,6 +22,7 @@ _SOURCES = (
     "map_remove",
     "chain",
     "chain_packed",
+    "wire_tokens",
     "rows",
     "rows_classify",
     "proto",

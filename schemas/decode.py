@@ -103,12 +103,13 @@ _to_public = _pick_public_converter()
 
 
 class PackedBlockStored(BlockStored, tag="BlockStored"):
-    """A ``BlockStored`` whose ``token_ids`` are still their msgpack bytes (``Raw``):
-    what ``decode_packed`` gives the router's ingest, which chains block keys straight
-    from those bytes (``router.ingest.packed``); never handed to anything else. Encodes
-    to the same bytes."""
+    """A ``BlockStored`` whose ``token_ids`` are still bytes: their msgpack bytes
+    (``Raw``, from ``decode_packed``) or the ids as native int32s (``bytes``, from
+    ``decode_int32``). What the router's ingest gets, which chains block keys straight
+    from those bytes (``router.ingest.packed``); never handed to anything else, never
+    encoded."""
 
-    token_ids: msgspec.Raw  # type: ignore[assignment]
+    token_ids: msgspec.Raw | bytes  # type: ignore[assignment]
 
 
 class _StrictPackedBlockStored(_StrictBlockStored, tag="BlockStored"):
@@ -123,12 +124,37 @@ _packed_decoder = msgspec.msgpack.Decoder(_StrictPackedBatch)
 _PUBLIC[_StrictPackedBlockStored] = PackedBlockStored
 
 
+class _StrictInt32BlockStored(_StrictBlockStored, tag="BlockStored"):
+    token_ids: bytes  # type: ignore[assignment]
+
+
+class _StrictInt32Batch(EventBatch, forbid_unknown_fields=True):
+    events: list[_StrictInt32BlockStored | _StrictBlockRemoved | _StrictAllBlocksCleared]
+
+
+_int32_decoder = msgspec.msgpack.Decoder(_StrictInt32Batch)
+_PUBLIC[_StrictInt32BlockStored] = PackedBlockStored
+
+
 def decode_packed(payload: bytes) -> KVEventBatch | None:
     """``decode_batch``'s fast path with every store's ``token_ids`` left as msgpack
     bytes (``PackedBlockStored``; their values are not checked here), or None for any
     payload that fast path would not take. Counts nothing."""
     try:
         fast = _packed_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
+        return None
+    _to_public(fast.events)
+    return KVEventBatch(fast.ts, fast.events, fast.data_parallel_rank)  # type: ignore[arg-type]
+
+
+def decode_int32(rewritten: bytes) -> KVEventBatch | None:
+    """``decode_packed`` for a payload whose every ``token_ids`` array the compiled core
+    rewrote as one bin of native int32s (``router.native``'s ``int32_tokens``): its stores
+    are ``PackedBlockStored`` with those bytes as ``token_ids``. None where
+    ``decode_packed`` would give None for the original payload."""
+    try:
+        fast = _int32_decoder.decode(rewritten)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
         return None
     _to_public(fast.events)

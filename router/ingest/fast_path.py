@@ -84,7 +84,8 @@ def _scan(
         if type(ev) is BlockStored:
             n_tokens = len(ev.token_ids)
         elif type(ev) is PackedBlockStored and count is not None:
-            n_tokens = count(ev.token_ids, False)  # checked by router.ingest.packed
+            ids = ev.token_ids  # checked by router.ingest.packed
+            n_tokens = len(ids) >> 2 if type(ids) is bytes else count(ids, False)
         else:
             return None
         g, bs, hashes = ev.group_idx, ev.block_size, ev.block_hashes
@@ -211,6 +212,7 @@ async def plan_simple(
     groups = state.groups
     chain = native.chain  # the C chain, else None (chain_keys: the same keys)
     chain_packed = native.chain_packed  # set whenever _scan let a packed store through
+    chain_int32 = native.chain_int32  # (built with it)
     new_op = tuple.__new__  # a NamedTuple without its Python-level __new__
     gpu = MEDIUM_BITS[MEDIUM_GPU]
     learned: dict[tuple[Any, ...], GroupMeta] = {}
@@ -266,7 +268,10 @@ async def plan_simple(
                 seed = known[parent]
             tokens = ev.token_ids
             if type(ev) is PackedBlockStored:  # int32 ids (checked): chain() of their ints
-                got = chain_packed(seed, tokens, unit, len(hashes)) if chain_packed else None
+                if type(tokens) is bytes:  # native int32s (int32_tokens)
+                    got = chain_int32(seed, tokens, unit, len(hashes)) if chain_int32 else None
+                else:
+                    got = chain_packed(seed, tokens, unit, len(hashes)) if chain_packed else None
             else:
                 got = chain(seed, tokens, unit, len(hashes)) if chain is not None else None
             keys = (

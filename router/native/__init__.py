@@ -35,6 +35,8 @@ chain: Callable[[int, Sequence[int], int, int], list[int] | None] | None = None
 # Token ids still as msgpack bytes (router.ingest.packed): their count, and chain() over them.
 packed_len: Callable[..., int] | None = None
 chain_packed: Callable[[int, Any, int, int], list[int] | None] | None = None
+int32_tokens: Callable[[bytes], bytes | None] | None = None
+chain_int32: Callable[[int, bytes, int, int], list[int] | None] | None = None
 rows: Callable[..., tuple[list[Any], list[tuple[int, Any]]]] | None = None
 _pack: Callable[[Sequence[int], int], bytes] | None = None
 tiers: Callable[..., tuple[list[int], list[int]]] | None = None
@@ -46,12 +48,15 @@ ACTIVE = "python"
 def set_active(on: bool) -> str:
     """Use the compiled core (when built) or the pure-Python paths from now on; returns
     ``ACTIVE``. Tables already made keep their type (both answer alike)."""
-    global U64Map, chain, packed_len, chain_packed, rows, _pack, tiers, sweep, windows, ACTIVE
+    global U64Map, chain, packed_len, chain_packed, int32_tokens, chain_int32, rows, _pack
+    global tiers, sweep, windows, ACTIVE
     core = _core if on else None
     U64Map = getattr(core, "U64Map", None)
     chain = getattr(core, "chain", None)
     packed_len = getattr(core, "packed_len", None)
     chain_packed = getattr(core, "chain_packed", None)
+    int32_tokens = getattr(core, "int32_tokens", None)
+    chain_int32 = getattr(core, "chain_int32", None)
     rows = getattr(core, "rows", None)
     _pack = getattr(core, "pack", None)
     tiers = getattr(core, "tiers", None)

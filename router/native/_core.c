@@ -10,6 +10,10 @@ static PyMethodDef module_methods[] = {
      "chain_packed(seed, msgpack int array, block_size, n_blocks) -> keys | None"},
     {"packed_len", (PyCFunction)(void (*)(void))kvr_packed_len, METH_FASTCALL,
      "packed_len(msgpack int array[, check]) -> its length, -1 unless all are int32"},
+    {"int32_tokens", (PyCFunction)kvr_int32_tokens, METH_O,
+     "int32_tokens(payload) -> the batch with token_ids as int32 bins | None"},
+    {"chain_int32", (PyCFunction)(void (*)(void))kvr_chain_int32, METH_FASTCALL,
+     "chain_int32(seed, native int32 ids, block_size, n_blocks) -> keys | None"},
 #endif
     {"rows", (PyCFunction)(void (*)(void))kvr_rows, METH_FASTCALL,
      "rows(row_type, wids, positions, attrs, nbytes, memo, make, ordered[, late]) -> (rows, mixed)"},

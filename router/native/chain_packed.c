@@ -35,9 +35,6 @@ static inline uint64_t be(const unsigned char *p, int n) {
     return v;
 }
 
-/* Decode n msgpack ints (int32 range) from p into out (may be NULL: check only).
- * Returns 0 when all of them are such ints and the bytes end exactly after them.
- * Token ids are mostly positive fixints, uint16 and uint32: those first. */
 /* Bytes after the tag of the common token forms, by tag: positive fixint 0, uint8 1,
  * uint16 2, uint32 4; 8 for every other tag (the general branch below). */
 static unsigned char common_width[256];
@@ -47,8 +44,13 @@ static void init_common_width(void) {
         common_width[c] = c <= 0x7f ? 0 : c == 0xcc ? 1 : c == 0xcd ? 2 : c == 0xce ? 4 : 8;
 }
 
-static int read_ints(const unsigned char *p, Py_ssize_t len, Py_ssize_t n, int32_t *out) {
-    const unsigned char *q = p, *end = p + len;
+/* The n msgpack ints (int32 range) from p, stored to out (may be NULL: check only; any
+ * alignment); the byte after them, or NULL when one is not such an int or runs past end.
+ * Token ids are mostly positive fixints, uint16 and uint32: those first. */
+const unsigned char *kvr_read_ints(const unsigned char *p, const unsigned char *end, Py_ssize_t n,
+                                   void *out) {
+    const unsigned char *q = p;
+    unsigned char *o = out;
     if (common_width[0x80] == 0)
         init_common_width();
     Py_ssize_t i = 0;
@@ -63,15 +65,15 @@ static int read_ints(const unsigned char *p, Py_ssize_t len, Py_ssize_t n, int32
         uint32_t raw = ((uint32_t)q[1] << 24) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 8) | q[4];
         uint32_t v = w ? raw >> ((32 - 8 * w) & 31) : c;
         if ((int32_t)v < 0) /* a uint32 over INT32_MAX */
-            return -1;
-        if (out != NULL)
-            out[i] = (int32_t)v;
+            return NULL;
+        if (o != NULL)
+            memcpy(o + 4 * i, &v, 4);
         q += 1 + w;
         i++;
     }
     for (; i < n; i++) {
         if (q >= end)
-            return -1;
+            return NULL;
         unsigned char c = *q;
         int64_t v;
         if (c <= 0x7f) {
@@ -79,20 +81,20 @@ static int read_ints(const unsigned char *p, Py_ssize_t len, Py_ssize_t n, int32
             q += 1;
         } else if (c == 0xce) {
             if (end - q < 5)
-                return -1;
+                return NULL;
             uint32_t u = ((uint32_t)q[1] << 24) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 8) | q[4];
             if (u > (uint32_t)INT32_MAX)
-                return -1;
+                return NULL;
             v = u;
             q += 5;
         } else if (c == 0xcd) {
             if (end - q < 3)
-                return -1;
+                return NULL;
             v = ((uint32_t)q[1] << 8) | q[2];
             q += 3;
         } else if (c == 0xcc) {
             if (end - q < 2)
-                return -1;
+                return NULL;
             v = q[1];
             q += 2;
         } else if (c >= 0xe0) {
@@ -106,10 +108,10 @@ static int read_ints(const unsigned char *p, Py_ssize_t len, Py_ssize_t n, int32
             case 0xd1: w = 2; break;
             case 0xd2: w = 4; break;
             case 0xd3: w = 8; break;
-            default: return -1;
+            default: return NULL;
             }
             if (end - q < 1 + w)
-                return -1;
+                return NULL;
             uint64_t u = be(q + 1, w);
             q += 1 + w;
             if (sign) {
@@ -117,16 +119,23 @@ static int read_ints(const unsigned char *p, Py_ssize_t len, Py_ssize_t n, int32
                 v = shift ? ((int64_t)(u << shift)) >> shift : (int64_t)u;
             } else {
                 if (u > (uint64_t)INT32_MAX)
-                    return -1;
+                    return NULL;
                 v = (int64_t)u;
             }
             if (v < INT32_MIN || v > INT32_MAX)
-                return -1;
+                return NULL;
         }
-        if (out != NULL)
-            out[i] = (int32_t)v;
+        if (o != NULL) {
+            int32_t t = (int32_t)v;
+            memcpy(o + 4 * i, &t, 4);
+        }
     }
-    return q == end ? 0 : -1;
+    return q;
+}
+
+/* 0 when p[0..len) is exactly n such ints. */
+static int read_ints(const unsigned char *p, Py_ssize_t len, Py_ssize_t n, int32_t *out) {
+    return kvr_read_ints(p, p + len, n, out) == p + len ? 0 : -1;
 }
 
 /* packed_len(buf[, check]) -> the number of tokens, or -1 unless buf is one msgpack

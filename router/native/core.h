@@ -1,6 +1,6 @@
 /* Shared declarations of kvroute's compiled core (router/native/__init__.py: why, and
  * the fallback). One extension module, ``router.native._core``, from these sources:
- * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), map_remove.c (its remove loop; memo.h: their shared value memo), chain.c (block keys), chain_packed.c (from msgpack bytes), rows.c (the
+ * map.c (U64Map's table), map_type.c (its Python methods), map_scan.c (its batched scans), map_store.c (its store loop), map_remove.c (its remove loop; memo.h: their shared value memo), chain.c (block keys), chain_packed.c (from msgpack bytes), wire_tokens.c (a batch's token ids as int32 bins), rows.c (the
  * scorer's per-worker rows), rows_classify.c (its classes), proto.c (a class's prototype), sweep.c (the rule's candidate sweep), window.c (sliding-window ANDs), pack.c (bitset bytes), _core.c (the module). */
 #ifndef KVR_CORE_H
 #define KVR_CORE_H
@@ -112,6 +112,11 @@ PyObject *kvr_chain_keys(const int32_t *buf, Py_ssize_t bs, Py_ssize_t nb, uint6
 /* chain_packed.c (only with libxxhash) */
 PyObject *kvr_packed_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kvr_chain_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+const unsigned char *kvr_read_ints(const unsigned char *p, const unsigned char *end, Py_ssize_t n,
+                                   void *out);
+/* wire_tokens.c (only with libxxhash) */
+PyObject *kvr_int32_tokens(PyObject *self, PyObject *payload);
+PyObject *kvr_chain_int32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* pack.c */
 int kvr_int_bytes(PyObject *v, unsigned char *buf, Py_ssize_t n);
 PyObject *kvr_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -220,11 +220,17 @@ async def test_a_merged_backlog_takes_the_fast_path_after_its_first_batch(core: 
     assert fast["tables"] == slow["tables"]
 
 
+@pytest.mark.parametrize("rewrite", [True, False], ids=["int32", "msgpack"])
 @pytest.mark.parametrize("seed", range(3))
-async def test_packed_batches_leave_what_plain_ones_do(core: None, seed: int) -> None:
+async def test_packed_batches_leave_what_plain_ones_do(
+    core: None, seed: int, rewrite: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The subscriber's packed decode (``router.ingest.packed``) of the same payloads:
-    the fast path chains from the bytes, the general path gets them unpacked; the index,
+    the fast path chains from the bytes (the ids as int32s, or where the core's rewrite
+    is off their msgpack bytes), the general path gets them unpacked; the index,
     counters and metadata end the same, and so do the recent token ranges once read."""
+    if not rewrite:
+        monkeypatch.setattr(native, "int32_tokens", None)
     items = _stream(seed)
     payloads = [(w, encode_batch(b), m) for w, b, m in items]
     got = [(w, packed.decode(p), m) for w, p, m in payloads]
@@ -232,7 +238,13 @@ async def test_packed_batches_leave_what_plain_ones_do(core: None, seed: int) ->
         assert all(b is None for _, b, _ in got)
         return
     assert all(b is not None for _, b, _ in got)
-    assert any(type(e) is PackedBlockStored for _, b, _ in got for e in b.events)  # type: ignore[union-attr]
+    kinds = {
+        type(e.token_ids)
+        for _, b, _ in got
+        for e in b.events  # type: ignore[union-attr]
+        if type(e) is PackedBlockStored
+    }
+    assert kinds == ({bytes} if rewrite else {msgspec.Raw})
     for (_, p, _), (_, b, _) in zip(payloads, got, strict=True):
         assert packed.unpack(b) == decode_batch(p)  # type: ignore[arg-type]
     drain = 1 + seed % 3
