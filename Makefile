@@ -56,6 +56,19 @@ test: install system-deps lint
 demo: install
 	$(BIN)/kvroute demo
 
+# The compiled core under AddressSanitizer (not part of `make test`): an ASan build of the
+# extension in place, its tests and the ingest tests on it, then the normal build again.
+EXT_SUFFIX = $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+PY_INCLUDE = $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+check-native-asan: install system-deps
+	gcc -shared -fPIC -fsanitize=address -fno-omit-frame-pointer -O1 -g -DKVR_XXHASH=1 \
+	  -I$(PY_INCLUDE) router/native/*.c -lxxhash -o router/native/_core$(EXT_SUFFIX)
+	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/router/native tests/router/ingest; \
+	  rc=$$?; $(BIN)/python setup.py build_ext --inplace -q; exit $$rc
+
+.PHONY: check-native-asan
+
 serve: install
 	$(BIN)/kvroute serve
 

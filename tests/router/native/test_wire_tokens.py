@@ -132,3 +132,38 @@ def test_chain_int32_equals_chain() -> None:
         assert core.chain_int32(11, ids, bs, n) == core.chain(11, toks, bs, n)
     assert core.chain_int32(1, array("i", [1, 2]).tobytes(), 2, 2) is None  # too few ids
     assert core.chain_int32(1, b"\x00" * 7, 1, 1) is None  # not whole int32s
+
+
+def test_mutated_payloads_decline_or_decode_never_raise() -> None:
+    """Bytes flipped, cut and inserted in real payloads (what a corrupt or hostile frame
+    looks like): the rewrite answers bytes or None and the packed decode a batch or None,
+    never an exception (``make check-native-asan`` runs this under AddressSanitizer)."""
+    rng = random.Random(7)
+    base = [
+        encode_batch(
+            KVEventBatch(
+                1.0,
+                [
+                    _store(rng, rng.randrange(0, 70), group_idx=rng.choice([None, 1])),
+                    BlockRemoved([5], "GPU"),
+                ],
+                rng.choice([None, 3]),
+            )
+        )
+        for _ in range(20)
+    ]
+    for _ in range(3000):
+        p = bytearray(rng.choice(base))
+        for _ in range(rng.randrange(1, 6)):
+            op = rng.random()
+            at = rng.randrange(len(p) + 1)
+            if op < 0.5 and at < len(p):
+                p[at] = rng.getrandbits(8)
+            elif op < 0.75:
+                del p[at:]
+            else:
+                p[at:at] = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 8)))
+        got = core.int32_tokens(bytes(p))
+        assert got is None or isinstance(got, bytes)
+        batch = packed.decode(bytes(p))
+        assert batch is None or isinstance(batch, KVEventBatch)
