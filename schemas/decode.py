@@ -140,12 +140,7 @@ def decode_packed(payload: bytes) -> KVEventBatch | None:
     """``decode_batch``'s fast path with every store's ``token_ids`` left as msgpack
     bytes (``PackedBlockStored``; their values are not checked here), or None for any
     payload that fast path would not take. Counts nothing."""
-    try:
-        fast = _packed_decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
-        return None
-    _to_public(fast.events)
-    return KVEventBatch(fast.ts, fast.events, fast.data_parallel_rank)  # type: ignore[arg-type]
+    return _strict(_packed_decoder, payload)
 
 
 def decode_int32(rewritten: bytes) -> KVEventBatch | None:
@@ -153,12 +148,17 @@ def decode_int32(rewritten: bytes) -> KVEventBatch | None:
     rewrote as one bin of native int32s (``router.native``'s ``int32_tokens``): its stores
     are ``PackedBlockStored`` with those bytes as ``token_ids``. None where
     ``decode_packed`` would give None for the original payload."""
+    return _strict(_int32_decoder, rewritten)
+
+
+def _strict(decoder: msgspec.msgpack.Decoder[Any], payload: bytes) -> KVEventBatch | None:
+    """A strict twin decoder's batch with public event types, or None where it refuses."""
     try:
-        fast = _int32_decoder.decode(rewritten)
+        fast = decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
         return None
     _to_public(fast.events)
-    return KVEventBatch(fast.ts, fast.events, fast.data_parallel_rank)  # type: ignore[arg-type]
+    return KVEventBatch(fast.ts, fast.events, fast.data_parallel_rank)
 
 
 _generic_decoder = msgspec.msgpack.Decoder()

@@ -26,7 +26,12 @@ static inline int compact_int(PyObject *o, long *out) {
 #endif
 }
 
-int kvr_chain_args(PyObject *const *args, uint64_t *seed, Py_ssize_t *bs, Py_ssize_t *nb) {
+int kvr_chain_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, uint64_t *seed,
+                   Py_ssize_t *bs, Py_ssize_t *nb) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
     if (kvr_u64_digits(args[0], seed) != 1) {
         *seed = PyLong_AsUnsignedLongLong(args[0]);
         if (*seed == (uint64_t)-1 && PyErr_Occurred())
@@ -62,13 +67,10 @@ PyObject *kvr_chain_keys(const int32_t *buf, Py_ssize_t bs, Py_ssize_t nb, uint6
 /* chain(seed, tokens, block_size, n_blocks) -> list of keys, or None when a token is
  * not an int32 (the caller's slow path handles those blocks). */
 PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "chain(seed, tokens, block_size, n_blocks)");
-        return NULL;
-    }
     uint64_t seed;
     Py_ssize_t bs, nb;
-    if (kvr_chain_args(args, &seed, &bs, &nb) < 0)
+    if (kvr_chain_args(args, nargs, "chain(seed, tokens, block_size, n_blocks)", &seed, &bs,
+                       &nb) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(args[1], "tokens must be a sequence");
     if (seq == NULL)

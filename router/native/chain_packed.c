@@ -164,13 +164,10 @@ PyObject *kvr_packed_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 /* chain_packed(seed, buf, block_size, n_blocks) -> keys (chain()'s), or None when buf
  * is not an int32 array of at least n_blocks * block_size tokens. */
 PyObject *kvr_chain_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "chain_packed(seed, buf, block_size, n_blocks)");
-        return NULL;
-    }
     uint64_t seed;
     Py_ssize_t bs, nb;
-    if (kvr_chain_args(args, &seed, &bs, &nb) < 0)
+    if (kvr_chain_args(args, nargs, "chain_packed(seed, buf, block_size, n_blocks)", &seed, &bs,
+                       &nb) < 0)
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)

@@ -104,10 +104,11 @@ PyObject *kvr_map_store_blocks(MapObject *m, PyObject *const *args, Py_ssize_t n
 PyObject *kvr_map_remove_blocks(MapObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* chain.c (only with libxxhash) */
 PyObject *kvr_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* chain() and chain_packed()'s shared parts: (seed, _, block_size, n_blocks) parsed and
- * checked (-1 with an exception set), and the list of keys chained over nb blocks of bs
- * int32 tokens each. */
-int kvr_chain_args(PyObject *const *args, uint64_t *seed, Py_ssize_t *bs, Py_ssize_t *nb);
+/* chain(), chain_packed() and chain_int32()'s shared parts: (seed, _, block_size,
+ * n_blocks) parsed and checked (-1 with an exception set; ``usage`` for a wrong count),
+ * and the list of keys chained over nb blocks of bs int32 tokens each. */
+int kvr_chain_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, uint64_t *seed,
+                   Py_ssize_t *bs, Py_ssize_t *nb);
 PyObject *kvr_chain_keys(const int32_t *buf, Py_ssize_t bs, Py_ssize_t nb, uint64_t seed);
 /* chain_packed.c (only with libxxhash) */
 PyObject *kvr_packed_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -161,13 +161,10 @@ static const unsigned char *event(const unsigned char *p, const unsigned char *e
 /* chain_int32(seed, ids, block_size, n_blocks) -> keys (chain()'s for the same ids), or
  * None when ids (native int32s, int32_tokens()'s bins) hold fewer than n_blocks blocks. */
 PyObject *kvr_chain_int32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "chain_int32(seed, ids, block_size, n_blocks)");
-        return NULL;
-    }
     uint64_t seed;
     Py_ssize_t bs, nb;
-    if (kvr_chain_args(args, &seed, &bs, &nb) < 0)
+    if (kvr_chain_args(args, nargs, "chain_int32(seed, ids, block_size, n_blocks)", &seed, &bs,
+                       &nb) < 0)
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)
