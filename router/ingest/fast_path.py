@@ -67,17 +67,19 @@ ENABLED = os.environ.get("KVROUTE_INGEST_FAST_PATH", "1") != "0"
 
 def _scan(
     batch: KVEventBatch, unit: int, known: dict[EngineHash, BlockKey]
-) -> tuple[list[EngineHash], set[EngineHash], list[EngineHash]] | None:
+) -> tuple[list[EngineHash], set[EngineHash], list[EngineHash], list[EngineHash]] | None:
     """None unless every event is a removal or a whole-block GPU store at the hash unit
     without extra keys, whose blocks are all named (a sibling group's store of the
     step) or none is, by ``known`` or an earlier store of the batch. Else the parents
-    the stores name (what ``router.ingest.resolve`` looks up for such a batch) and the
-    hashes they store, and the parents neither names yet (left to that lookup)."""
+    the stores name (what ``router.ingest.resolve`` looks up for such a batch), the
+    hashes they store (a set of all but the last store's, and the last store's list:
+    most batches store once, and nothing reads a set of those), and the parents
+    neither names yet (left to that lookup)."""
     parents: list[EngineHash] = []
     late: list[EngineHash] = []
     seen: set[EngineHash] = set()
     count = native.packed_len  # None: packed stores take the general path (unpacked)
-    prev: list[EngineHash] = []
+    prev: list[EngineHash] = []  # the last store's blocks, not yet in seen
     for ev in batch.events:
         if type(ev) is BlockRemoved:
             continue
@@ -103,18 +105,23 @@ def _scan(
             )
         ):
             return None
+        if hashes == prev:  # a sibling group's store of the step: all named already
+            parent = ev.parent_block_hash
+            if parent is not None:
+                parents.append(parent)
+                if parent not in known and parent not in seen and parent not in prev:
+                    late.append(parent)
+            continue
+        seen.update(prev)
         parent = ev.parent_block_hash
         if parent is not None:
             parents.append(parent)
             if parent not in known and parent not in seen:
                 late.append(parent)
-        if hashes == prev:  # a sibling group's store of the step: all in seen already
-            continue
-        if not _named_alike(hashes, known, seen):
+        if (known or seen) and not _named_alike(hashes, known, seen):
             return None
-        seen.update(hashes)
         prev = hashes
-    return parents, seen, late
+    return parents, seen, prev, late
 
 
 def _named_alike(
@@ -189,7 +196,7 @@ async def plan_simple(
     scanned = _scan(batch, unit, known)
     if scanned is None:
         return False
-    parents, stored, late = scanned
+    parents, stored, last, late = scanned
     # router.ingest.resolve for such a batch: the parents, in every map of the worker.
     todo = [h for h in set(parents) if h not in known]
     if todo:
@@ -203,7 +210,8 @@ async def plan_simple(
         # A found parent the batch also stores may change what is named: check again.
         # Else the scan's checks stand, given that every parent no earlier store of
         # the batch names was found (what ``_chains`` would check).
-        if not stored.isdisjoint(asked.difference(todo)):
+        found = asked.difference(todo)
+        if found and (not stored.isdisjoint(found) or not found.isdisjoint(last)):
             if not _chains(batch, known):
                 return False
         elif any(h not in known for h in late):
