@@ -80,6 +80,7 @@ class TopicListener:
         self._sock = ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, settings.sub_hwm)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, settings.sub_max_message_bytes)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
         bind_endpoint(self._sock, self.endpoint)
         self._limited = RateLimitedLog(log)  # keys bounded by RateLimitedLog.max_keys

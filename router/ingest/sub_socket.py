@@ -37,6 +37,11 @@ def open_worker_sockets(
         sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
         monitor = open_monitor(ctx, sub)
         if spec.bind:
+            # Only where we bind: the connecting peer reconnects after ZMQ drops it for an
+            # oversized message, while a SUB that connects is never reconnected after one
+            # (libzmq ends a session on a protocol error): one big batch would cut the
+            # worker off for good. A connected worker is an engine the operator named.
+            sub.setsockopt(zmq.MAXMSGSIZE, settings.sub_max_message_bytes)
             bind_endpoint(sub, spec.endpoint)
         else:
             connect_endpoint(sub, spec.endpoint)

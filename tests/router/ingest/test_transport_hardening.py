@@ -11,8 +11,10 @@ import zmq
 import zmq.asyncio
 from _helpers import FakeEngine, batch, stored, wait_until
 
+from publisher import ZmqEventPublisher
 from router.config import RouterSettings, WorkerSpec
 from router.ingest.replay_client import ReplayFailed, ReplayTooLarge, request_replay
+from router.netutil import free_port
 from router.service import RouterService
 
 
@@ -117,4 +119,47 @@ async def test_bad_frames_keep_being_logged(engine: FakeEngine, caplog: pytest.L
         lines = [r.getMessage() for r in caplog.records if "undecodable" in r.getMessage()]
         assert len(lines) >= 4 and "4 so far" in lines[3], lines
     finally:
+        await svc.stop()
+
+
+@pytest.mark.parametrize("mode", ["bind", "listen"])
+async def test_a_message_over_the_size_limit_is_refused_and_counted_as_a_gap(mode: str) -> None:
+    """``sub_max_message_bytes`` (ZMQ_MAXMSGSIZE) on a SUB the router binds (a worker with
+    ``bind``, the ``listen`` SUB): a bigger batch never reaches the index, its gap is
+    counted, and the engine (which connects) is back with its next batches."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    listen = endpoint if mode == "listen" else None
+    svc = RouterService(RouterSettings(sub_max_message_bytes=64 << 10, listen=listen))
+    await svc.start()
+    pub = ZmqEventPublisher(endpoint, topic="kv@w")  # connects, like vLLM for a host and port
+    sent = [0]
+
+    async def info() -> Any:
+        return next((w for w in await svc.worker_infos() if w.worker_id == "w"), None)
+
+    def publish_small() -> None:
+        sent[0] += 1
+        pub.publish(batch(stored([10**9 + sent[0]], [sent[0]] * 4)))
+
+    async def applied() -> bool:  # PUB/SUB drops what precedes a subscription
+        publish_small()
+        return (w := await info()) is not None and w.events > 0
+
+    async def gap_counted() -> bool:
+        publish_small()
+        return (await info()).gaps >= 1
+
+    try:
+        if mode == "bind":
+            spec = WorkerSpec(worker_id="w", endpoint=endpoint, bind=True, topic="kv@w")
+            await svc.add_worker(spec)
+        await wait_until(applied, "a small batch before the big one")
+        n = 40_000  # 10k blocks, ~200 KB of token ids in msgpack
+        pub.publish(batch(stored(list(range(1, n // 4 + 1)), [70_000 + k for k in range(n)])))
+        await wait_until(gap_counted, "the big batch's gap")
+        assert (await svc.index.stats())["entries"] <= sent[0]  # none of the 10k blocks
+        metrics = await svc.metrics.render()
+        assert b'kvroute_gaps_total{worker="w"} 1.0' in metrics
+    finally:
+        pub.shutdown()
         await svc.stop()
