@@ -46,6 +46,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # The suite on the compiled core, then the end-to-end and conformance tests again on the
 # pure-Python paths (tests/router/{index,score} run every case on both cores already).

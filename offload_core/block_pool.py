@@ -27,7 +27,14 @@ from offload_core.base import (
     get_offload_group_idx,
     make_offload_key,
 )
-from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from schemas import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ExternalBlockHash,
+    KVEvent,
+)
 from schemas.hashing import external_hash
 from schemas.hit_rule import KIND_SLIDING, GroupSpec
 
@@ -250,7 +257,7 @@ class BlockPool:
         """One ``BlockRemoved`` per run of consecutive evictions from the same group."""
         if not self.enable_events:
             return
-        run: list[int] = []
+        run: list[ExternalBlockHash] = []
         run_group = -1
         for key in keys:
             group = get_offload_group_idx(key)

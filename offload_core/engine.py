@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import cast
 
 from offload_core.base import (
     OffloadKey,
@@ -26,7 +27,7 @@ from offload_core.base import (
     make_offload_key,
 )
 from offload_core.block_pool import lora_id_for
-from offload_core.cpu import CPUOffloadingManager, FilteredOffloadingManager
+from offload_core.cpu import CPULoadStoreSpec, CPUOffloadingManager, FilteredOffloadingManager
 from offload_core.engine_events import TierEventTranslator
 from offload_core.groups import format_groups, parse_groups
 from offload_core.transfer import KVBuffers, TransferWorker
@@ -256,7 +257,8 @@ class SimEngine:
             self._tier_events.remember(key, pool.meta.get(by_key[key].block_id))
         if out.keys_to_store:
             gpu_ids = [by_key[k].block_id for k in out.keys_to_store]
-            transfer.store(out.keys_to_store, gpu_ids, out.store_spec, ctx)
+            spec = cast(CPULoadStoreSpec, out.store_spec)  # the CPU manager's
+            transfer.store(out.keys_to_store, gpu_ids, spec, ctx)
             transfer.wait()  # the slots are reused right after this
         self._drain_cpu_events()
         self._offloaded += len(out.keys_to_store)
@@ -300,7 +302,7 @@ class SimEngine:
                         loads.append((key, table[i].block_id))
             if loads:
                 keys = [k for k, _ in loads]
-                spec = cpu.prepare_load(keys, ctx)
+                spec = cast(CPULoadStoreSpec, cpu.prepare_load(keys, ctx))
                 cpu.touch(keys, ctx)
                 self.transfer.load(keys, spec, [bid for _, bid in loads], ctx)
                 self.transfer.wait()

@@ -117,7 +117,7 @@ def create_app(
 
     def to_ids(prompt: list[int] | str, add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, str):
-            return need_tokenizer("a text prompt").encode(prompt, add_special_tokens)  # type: ignore[no-any-return]
+            return need_tokenizer("a text prompt").encode(prompt, add_special_tokens)
         try:
             check_ids(prompt)
         except ValueError as exc:

@@ -18,7 +18,7 @@ from offload_core.base import (
     get_offload_group_idx,
 )
 from offload_core.block_pool import BlockMeta, lora_id_for
-from schemas import BlockRemoved, BlockStored, KVEvent
+from schemas import BlockRemoved, BlockStored, ExternalBlockHash, KVEvent
 from schemas.hashing import external_hash
 from schemas.hit_rule import KIND_SLIDING, GroupSpec
 
@@ -46,7 +46,9 @@ class TierEventTranslator:
             by_group.setdefault(get_offload_group_idx(key), []).append(key)
         out: list[KVEvent] = []
         for group, keys in by_group.items():
-            hashes = [external_hash(get_offload_block_hash(k)) for k in keys]
+            hashes: list[ExternalBlockHash] = [
+                external_hash(get_offload_block_hash(k)) for k in keys
+            ]
             if ev.removed:
                 out.append(BlockRemoved(hashes, ev.medium, group_idx=group))
                 self.forget(keys)
@@ -70,16 +72,16 @@ class TierEventTranslator:
         done: set[OffloadKey] = set()
         pending = list(reversed(starts))
         while pending:
-            key = pending.pop()
-            if key in done:
+            head: OffloadKey | None = pending.pop()
+            if head in done:
                 continue
             chain = []
-            while key is not None and key not in done:
-                done.add(key)
-                chain.append(key)
-                kids = children.get(get_offload_block_hash(key), [])
+            while head is not None and head not in done:
+                done.add(head)
+                chain.append(head)
+                kids = children.get(get_offload_block_hash(head), [])
                 pending += reversed(kids[1:])  # branches start chains of their own
-                key = kids[0] if kids else None
+                head = kids[0] if kids else None
             chains.append(chain)
         chains += [[k] for k in keys if k not in done]  # only reachable through a cycle
         return chains

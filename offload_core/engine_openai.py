@@ -76,7 +76,7 @@ def prompts_of(body: CompletionRequest) -> list[list[int] | str]:
     if isinstance(p, str):
         return [p]
     if p and isinstance(p[0], int):
-        return [p]  # type: ignore[list-item]
+        return [p]
     return list(p)  # type: ignore[arg-type]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from offload_core.base import (
     OffloadKey,
@@ -28,7 +28,14 @@ from offload_core.base import (
     make_offload_key,
 )
 from offload_core.block_pool import BlockMeta
-from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from schemas import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ExternalBlockHash,
+    KVEvent,
+)
 from schemas.hashing import external_hash
 
 
@@ -48,17 +55,25 @@ class VBlock:
         return f"VBlock({self.block_id}, ref={self.ref_cnt}, hashed={self.key is not None})"
 
 
-class VRequestView:
-    """What the pool needs from a request to build a ``BlockStored``."""
+class VRequestView(Protocol):
+    """What the pool needs from a request to build a ``BlockStored`` (``VRequest``)."""
 
-    token_ids: Sequence[int]
-    block_hashes: Sequence[bytes]
-    lora_name: str | None
-    lora_id: int | None
-    session_id: str | None
+    @property
+    def token_ids(self) -> Sequence[int]: ...
 
-    def event_extra_keys(self, start: int, end: int) -> tuple[Any, ...] | None:
-        raise NotImplementedError
+    @property
+    def block_hashes(self) -> Sequence[bytes]: ...
+
+    @property
+    def lora_name(self) -> str | None: ...
+
+    @property
+    def lora_id(self) -> int | None: ...
+
+    @property
+    def session_id(self) -> str | None: ...
+
+    def event_extra_keys(self, start: int, end: int) -> tuple[Any, ...] | None: ...
 
 
 class VBlockPool:
@@ -211,7 +226,7 @@ class VBlockPool:
         if num_cached >= num_full:
             return
         hashes = self._view(request.block_hashes, block_size)
-        stored: list[int] = []
+        stored: list[ExternalBlockHash] = []
         extra_keys: list[tuple[Any, ...] | None] = []
         for i in range(num_cached, num_full):
             blk = blocks[i]
@@ -370,7 +385,7 @@ class VBlockPool:
     def _stored(
         self,
         request: VRequestView,
-        hashes: list[int],
+        hashes: list[ExternalBlockHash],
         parent: int | None,
         token_ids: Sequence[int],
         block_size: int,

@@ -206,9 +206,9 @@ class _ServiceCollector(Collector):
             "kvroute_index_up", "1 when the index backend answered", value=float(self.index_up)
         )
         for key, help_ in _INDEX_GAUGES.items():
-            value = self.index_stats.get(key)
-            if isinstance(value, int | float):
-                yield GaugeMetricFamily(f"kvroute_index_{key}", help_, value=value)
+            stat = self.index_stats.get(key)
+            if isinstance(stat, int | float):
+                yield GaugeMetricFamily(f"kvroute_index_{key}", help_, value=stat)
         blocks = GaugeMetricFamily(
             "kvroute_worker_blocks",
             "indexed blocks per worker, group and medium",

@@ -107,6 +107,9 @@ class RouterService:
         self.listener: TopicListener | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self.index_watch: IndexWatch | None = None
+        # The OpenAI proxy (router.proxy.OpenAIProxy) once router.proxy.install ran: the
+        # dashboard summary reads its health. Any: router.proxy imports this module.
+        self.proxy: Any = None
         self._running = False
         self._stopped = False
         for spec in s.workers:

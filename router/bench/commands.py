@@ -184,7 +184,8 @@ def run_bench(args: argparse.Namespace, show_progress: bool = False) -> dict[str
     total = len(workload) if isinstance(workload, Sized) else None
     jobs = max(1, min(args.jobs, len(names)))
     shares = [names[i::jobs] for i in range(jobs)]
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    fork = "fork" in mp.get_all_start_methods()
+    ctx = mp.get_context("fork") if fork else mp.get_context("spawn")
     out = ctx.Queue()
     counters = [ctx.Value("l", 0) for _ in shares]
     # The bounds ride with the job holding the fewest fleets.

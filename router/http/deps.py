@@ -32,7 +32,7 @@ class ApiError(Exception):
 
 def service_of(request: Request) -> RouterService:
     """The ``RouterService`` behind this app (``app.state.service``)."""
-    return request.app.state.service  # type: ignore[no-any-return]
+    return request.app.state.service
 
 
 # The dependencies below are ``async def`` on purpose: FastAPI runs a plain ``def``

@@ -77,6 +77,6 @@ def protocol_class() -> type[asyncio.Protocol] | str:
 
 if HttpToolsProtocol is not None:
 
-    class CoalescingHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc, valid-type]
+    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(CoalescingTransport(transport))  # type: ignore[arg-type]

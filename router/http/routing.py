@@ -49,7 +49,7 @@ def routing_config(settings: RouterSettings) -> RoutingConfig:
 
 
 async def get_core(service: RouterService = Depends(get_service)) -> RoutingCore:
-    return service.routing  # type: ignore[attr-defined, no-any-return]
+    return service.routing  # type: ignore[attr-defined]
 
 
 def _candidates(decision: Decision) -> list[RouteCandidate]:

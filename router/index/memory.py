@@ -151,7 +151,7 @@ class MemoryIndex(MemoryReads):
     ) -> list[BlockKey | None]:
         w = self._workers.get(worker_id)
         emap = w.maps.get(block_size) if w is not None else None
-        out = list(map(emap.get, hashes)) if emap else [None] * len(hashes)
+        out: list[BlockKey | None] = list(map(emap.get, hashes)) if emap else [None] * len(hashes)
         ghosts = w.ghosts.get(block_size) if w is not None and not live_only else None
         if ghosts and None in out:
             new, old = ghosts

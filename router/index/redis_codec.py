@@ -11,7 +11,7 @@ import sys
 import zlib
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -84,7 +84,7 @@ def encode_hashes(hashes: Sequence[EngineHash]) -> tuple[int, bytes | list[bytes
     (0, the fields). The common case -- 64-bit unsigned ints -- runs in C: one array
     conversion and nine strided copies instead of a Python call per hash."""
     try:
-        words = array("Q", hashes)
+        words = array("Q", cast("Sequence[int]", hashes))  # bytes hashes: TypeError
     except (OverflowError, TypeError):
         fields = [encode_hash(h) for h in hashes]
         width = len(fields[0])
@@ -204,7 +204,8 @@ def apply_args(
             )
         bs, tail, sib_tail = t
         store = isinstance(op, StoreOp)
-        hashes, keys = op.hashes, op.keys if store else None
+        hashes = op.hashes
+        keys: Sequence[BlockKey] = op.keys if isinstance(op, StoreOp) else ()
         if store:
             same = hashes == last[0] and keys == last[1]
             if not (same and learned and learned[-1][:2] == (worker_id, bs)):

@@ -170,7 +170,7 @@ def _matrix(n: int, width: int, nread: int, rows: bytes) -> NDArray[np.uint8]:
 
 
 def fetch_args(
-    parts: list[tuple[str, list[str], MetaCache | None]],
+    parts: Sequence[tuple[str, list[str], MetaCache | None]],
     keys_by_size: dict[int, Sequence[BlockKey]],
 ) -> list[Any]:
     """``FETCH``'s ARGV for shards given as (prefix, ids, cache): the cached version and
@@ -269,7 +269,9 @@ class RedisReads(IndexBackend):
         async def call(shards: list[int]) -> list[tuple[View, Mats]]:
             parts = [(by_shard[sh], self._meta[sh]) for sh in shards]
             key = index_prefix(shards[0]) + "state"
-            plan = [(index_prefix(sh), by_shard[sh], self._meta[sh]) for sh in shards]
+            plan: list[tuple[str, list[str], MetaCache | None]] = [
+                (index_prefix(sh), by_shard[sh], self._meta[sh]) for sh in shards
+            ]
             got = await self._eval("FETCH", [key], fetch_args(plan, keys_by_size))
             out = decode(
                 parts,

@@ -119,7 +119,7 @@ def chain_keys(
 COMPACT_MIN = 16
 
 
-def compact_keys(keys: list[int]) -> Sequence[int]:
+def compact_keys(keys: Sequence[int]) -> Sequence[int]:
     """Block keys to keep for later (the ingestor's recent ranges): a long range as an
     array of uint64 words, 8 bytes a key instead of an int object and its pointer (~40).
     Measured: a fleet whose stores are whole conversations kept every key it ingested

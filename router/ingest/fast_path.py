@@ -138,8 +138,8 @@ def _chains(batch: KVEventBatch, known: dict[EngineHash, BlockKey]) -> bool:
     and its blocks are all named or none is (``_scan``'s check, again)."""
     seen: set[EngineHash] = set()
     for ev in batch.events:
-        if type(ev) is BlockRemoved:
-            continue
+        if type(ev) is not BlockStored and type(ev) is not PackedBlockStored:
+            continue  # removals (a batch _scan took holds nothing else)
         hashes, parent = ev.block_hashes, ev.parent_block_hash
         if parent is not None and parent not in known and parent not in seen:
             return False
@@ -210,8 +210,8 @@ async def plan_simple(
         # A found parent the batch also stores may change what is named: check again.
         # Else the scan's checks stand, given that every parent no earlier store of
         # the batch names was found (what ``_chains`` would check).
-        found = asked.difference(todo)
-        if found and (not stored.isdisjoint(found) or not found.isdisjoint(last)):
+        located = asked.difference(todo)
+        if located and (not stored.isdisjoint(located) or not located.isdisjoint(last)):
             if not _chains(batch, known):
                 return False
         elif any(h not in known for h in late):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from router.index.base import BlockKey, EngineHash, WorkerState
 from router.ingest.block_keys import (
@@ -229,8 +229,10 @@ class KeyPlanner:
         """First tokens of every unit of this batch's whole-block ranges where a partial
         entry inside a block could start (candidates for waiting partial entries)."""
         unit = self.unit
-        sizes = {v for v in self.group_sizes.values() if unit and v > unit}
         out: set[int] = set()
+        if not unit:
+            return out
+        sizes = {v for v in self.group_sizes.values() if v > unit}
         for r_tokens, _, here in self.ranges:
             for size in sizes:
                 if not here or len(r_tokens) % size:
@@ -251,7 +253,7 @@ class KeyPlanner:
         while todo:
             waiting = []
             for i in todo:
-                got = self._keys(self.events[i])
+                got = self._keys(cast(BlockStored, self.events[i]))  # only stores are queued
                 if got is _WAIT:
                     waiting.append(i)
                 else:

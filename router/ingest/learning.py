@@ -86,9 +86,9 @@ def learn_unit(
             bs = ev.block_size
             if bs == unit and unit and type(bs) is int:
                 continue  # the gcd stays (most stores)
-            bs = block_size(bs) or default_block_size
-            if bs is not None:
-                unit = math.gcd(unit, bs)
+            size = block_size(bs) or default_block_size
+            if size is not None:
+                unit = math.gcd(unit, size)
     if unit == 0 or unit == state.hash_unit:
         return
     if state.hash_unit is not None:

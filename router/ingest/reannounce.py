@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from typing import TypeGuard
 
 from router.index.base import GPU_BIT, BlockKey, EngineHash, IndexBackend, WorkerState
 from router.ingest.recomputes import RecomputeLog, Record
@@ -72,7 +73,7 @@ class Unwritten:
         self.cleared = True
 
 
-def _chain_start(ev: object) -> bool:
+def _chain_start(ev: object) -> TypeGuard[BlockStored]:
     return (
         isinstance(ev, BlockStored)
         and ev.parent_block_hash is None
@@ -125,23 +126,22 @@ async def find_reannouncements(
     events = batch.events
     starts_of = {i: ev for i, ev in enumerate(events) if _chain_start(ev)}
     cands: dict[int, list[int]] = {}  # full-attention chain start -> partners
-    for i, ev in starts_of.items():
-        assert isinstance(ev, BlockStored)
-        if kind_of(ev) not in FULL_KINDS:
+    for i, head in starts_of.items():
+        if kind_of(head) not in FULL_KINDS:
             continue
         step = bisect_right(starts, i)
-        partners = []
+        found: list[int] = []
         for j in range(i + 1, min(len(events), i + 1 + _PARTNER_SPAN)):
             other = starts_of.get(j)
             if (
                 isinstance(other, BlockStored)
                 and bisect_right(starts, j) == step
-                and other.token_ids == ev.token_ids
-                and _group(other) != _group(ev)
+                and other.token_ids == head.token_ids
+                and _group(other) != _group(head)
                 and kind_of(other) not in FULL_KINDS
             ):
-                partners.append(j)
-        cands[i] = partners
+                found.append(j)
+        cands[i] = found
     log = recomputes if recomputes is not None else RecomputeLog()
     log.fixes = {}
     # Stores continuing a chain start taken for a re-announcement: their first block's
@@ -149,7 +149,7 @@ async def find_reannouncements(
     follow: dict[int, set[EngineHash]] = {}
     proves = _plain_full(state)
     if proves and (log.records or cands):
-        lasts = {(_group(ev), ev.block_hashes[-1]) for ev in starts_of.values()}  # type: ignore[union-attr]
+        lasts = {(_group(ev), ev.block_hashes[-1]) for ev in starts_of.values()}
         lasts.update(log.records)
         for ev in events:
             if (

@@ -107,7 +107,7 @@ class WorkerSubscription(RecoveryMixin):
         self._sub, self._monitor = open_worker_sockets(spec, ctx, settings)
         # A blocking twin of the same socket: draining a backlog without one future per
         # frame is several times faster, and both see one queue.
-        self._shadow = zmq.Socket.shadow(self._sub.underlying)
+        self._shadow: zmq.Socket[bytes] = zmq.Socket.shadow(self._sub.underlying)
 
     # ------------------------------------------------------------------ lifecycle
     def _event(self, event: str, **fields: object) -> dict[str, object]:

@@ -95,7 +95,7 @@ def pack(ints: Sequence[int], width: int) -> bytes:
     """Each int's ``width`` little-endian bytes, joined (bitset rows for numpy)."""
     if _pack is not None:
         return _pack(ints, width)
-    return b"".join(map(int.to_bytes, ints, repeat(width), repeat("little")))
+    return b"".join(map(int.to_bytes, ints, repeat(width), repeat("little")))  # type: ignore[arg-type]
 
 
 set_active(os.environ.get("KVROUTE_NATIVE", "1") != "0")

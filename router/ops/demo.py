@@ -162,6 +162,7 @@ class Demo:
             e = self.engines[raw.headers["x-kvroute-worker"]]
             estimate = int(raw.headers["x-kvroute-hit-tokens"])
             usage = raw.parse().usage
+            assert usage is not None  # kvroute engines always report usage
             n = usage.prompt_tokens
             details = usage.prompt_tokens_details
             cached = int(details.cached_tokens or 0) if details else 0
@@ -229,7 +230,7 @@ async def run_demo(args: argparse.Namespace) -> list[PolicyRun]:
                             await demo.run_policy(
                                 policy,
                                 workload,
-                                lambda t=task: bar.advance(t),  # type: ignore[misc]
+                                lambda t=task: bar.advance(t),
                             )
                         )
             finally:

@@ -52,7 +52,8 @@ def start_engines(args: argparse.Namespace, logdir: Path) -> list[Engine]:
     ports = free_ports(3 * args.workers)
     engines = []
     for i in range(args.workers):
-        e = Engine(f"engine-{i}", *ports[3 * i : 3 * i + 3], logdir / f"engine-{i}.log")
+        port, pub_port, replay_port = ports[3 * i : 3 * i + 3]
+        e = Engine(f"engine-{i}", port, pub_port, replay_port, logdir / f"engine-{i}.log")
         cmd = [
             sys.executable, "-m", "router.cli", "engine",
             "--host", "127.0.0.1", "--port", str(e.port), "--worker-id", e.worker_id,

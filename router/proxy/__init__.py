@@ -28,7 +28,7 @@ def install(app: FastAPI, service: RouterService) -> Proxy:
     # httpx logs every request at INFO: per-request noise and cost on the hot path.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     app.state.proxy = proxy
-    service.proxy = proxy  # type: ignore[attr-defined]  # the dashboard summary reads it
+    service.proxy = proxy  # the dashboard summary reads it
     app.include_router(router)
     app.add_middleware(ProxyMiddleware, proxy=proxy)
     service.metrics.registry.register(ProxyCollector(proxy.counters, proxy.health))

@@ -86,7 +86,7 @@ class Proxy:
 
     @property
     def core(self) -> RoutingCore:
-        return self.service.routing  # type: ignore[attr-defined, no-any-return]
+        return self.service.routing  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ models
     def worker_models(self, worker_id: str) -> frozenset[str] | None:

@@ -21,7 +21,7 @@ def error_response(status: int, code: str, message: str) -> JSONResponse:
 
 
 def _proxy(request: Request) -> Proxy:
-    return request.app.state.proxy  # type: ignore[no-any-return]
+    return request.app.state.proxy
 
 
 @router.get(

@@ -42,8 +42,8 @@ def build(out_dir: Path = DEFAULT_DIR) -> None:
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, processors
 
     vocab: dict[str, int] = {}
-    for i, tok in enumerate(SPECIALS + PUNCT):
-        vocab[tok] = i
+    for i, special in enumerate(SPECIALS + PUNCT):
+        vocab[special] = i
     for i in range(len(vocab), FIRST_WORD):
         vocab[f"<|reserved_{i}|>"] = i
     for i, word in enumerate(words()):

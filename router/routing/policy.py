@@ -227,17 +227,15 @@ def _timed(
 _RULED_OUT = 1e15
 
 
-POLICY_CLASSES: dict[str, type[Policy]] = {
-    cls.name: cls
-    for cls in (
-        KvAwarePolicy,
-        RandomPolicy,
-        RoundRobinPolicy,
-        LeastLoadedPolicy,
-        LongestPrefixPolicy,
-        *ANCHOR_CLASSES,
-    )
-}
+_ALL_POLICIES: tuple[type[Policy], ...] = (
+    KvAwarePolicy,
+    RandomPolicy,
+    RoundRobinPolicy,
+    LeastLoadedPolicy,
+    LongestPrefixPolicy,
+    *ANCHOR_CLASSES,
+)
+POLICY_CLASSES: dict[str, type[Policy]] = {cls.name: cls for cls in _ALL_POLICIES}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICY_CLASSES)
 
 
@@ -269,7 +267,7 @@ def policy_weights(overrides: Mapping[str, object] | None = None) -> PolicyWeigh
         except (TypeError, ValueError):
             raise ValueError(f"route weight {name}={raw!r} is not a number") from None
         values[name] = int(number) if name == "expected_output_tokens" else number
-    return dataclasses.replace(PolicyWeights(), **values)
+    return dataclasses.replace(PolicyWeights(), **values)  # type: ignore[arg-type]
 
 
 def make_policy(name: str) -> Policy:

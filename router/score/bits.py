@@ -215,7 +215,7 @@ def cohort_rows(
             get = t.get
             pa = list(takewhile(bool, accumulate(map(get, ks, repeat(0)), and_, initial=cohort)))
             depth = len(pa) - 1
-            vals[g] = list(map(get, islice(ks, depth)))
+            vals[g] = list(map(get, islice(ks, depth)))  # type: ignore[arg-type]  # dict.get
             full_cls[g] = prefix_classes(pa)
         else:  # router.native.U64Map: the classes, values and their OR from one C call
             full_cls[g], vals[g], ors[g] = t.prefix(ks, cohort)
