@@ -139,12 +139,13 @@ class RouterSettings(BaseSettings):
     # flushed); 0 disables.
     index_check_s: float = Field(default=2.0, ge=0)
     sub_hwm: int = Field(default=100_000, ge=0)
-    # Largest message a SUB socket the router binds (``listen``, a worker with ``bind``)
-    # takes (ZMQ_MAXMSGSIZE): a bigger one is refused by ZMQ before it is buffered and
-    # its peer disconnected (it reconnects), so nothing that reaches a bound endpoint can
-    # make the router hold an unbounded message. The lost batch is a gap
-    # (``kvroute_gaps_total``). vLLM's batches are a step's events: kilobytes, a few MB
-    # for a very long prompt. (Not set on SUBs that connect: see router.ingest.sub_socket.)
+    # Largest message a SUB socket takes (ZMQ_MAXMSGSIZE): a bigger one is refused by ZMQ
+    # before it is buffered and the connection dropped (re-established: the peer
+    # reconnects to a bound SUB, the router reconnects a connecting one), so no publisher,
+    # nor anything that reaches a ``listen`` or ``bind`` endpoint, can make the router hold
+    # an unbounded message. The lost batch is a gap (``kvroute_gaps_total``), replayed
+    # where the worker has a replay endpoint. vLLM's batches are a step's events:
+    # kilobytes, a few MB for a very long prompt.
     sub_max_message_bytes: int = Field(default=64 << 20, ge=1024)
     ingest_retry_initial_s: float = Field(default=0.05, gt=0)
     ingest_retry_max_s: float = Field(default=2.0, gt=0)

@@ -58,6 +58,7 @@ _WORKER_COUNTERS = (
     ("tail_checks", "tail_checks", "idle-time replay asks for frames lost at the tail"),
     ("replay_overflows", "replay_overflows", "replay answers dropped for exceeding the bounds"),
     ("task_restarts", "task_restarts", "subscription tasks restarted after a failure"),
+    ("reopened_connections", "reopened", "connections ZMQ ended for good, connected again"),
 )
 # (metric suffix, DecodeStats field, help)
 _DECODE_COUNTERS = (

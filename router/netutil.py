@@ -91,6 +91,7 @@ def open_monitor(ctx: zmq.asyncio.Context, sub: zmq.asyncio.Socket) -> zmq.async
             zmq.EVENT_CONNECTED
             | zmq.EVENT_ACCEPTED
             | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_CONNECT_RETRIED
             | zmq.EVENT_MONITOR_STOPPED,
         )
         monitor.connect(addr)

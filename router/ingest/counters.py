@@ -56,3 +56,4 @@ class WorkerCounters(CounterSet):
     tail_checks: int = 0  # idle-time replay asks for frames lost at the tail
     replay_overflows: int = 0
     task_restarts: int = 0
+    reopened: int = 0  # connections libzmq ended for good, connected again

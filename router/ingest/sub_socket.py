@@ -7,6 +7,8 @@ and the hint is about deployment, not sequencing.
 
 from __future__ import annotations
 
+import contextlib
+
 import zmq
 import zmq.asyncio
 
@@ -36,12 +38,11 @@ def open_worker_sockets(
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
         monitor = open_monitor(ctx, sub)
+        # An oversized message is a protocol error: ZMQ drops the connection. A peer that
+        # connects to us reconnects; where we connect, libzmq ends the session for good
+        # and ``reopen`` below (called by the subscription) connects again.
+        sub.setsockopt(zmq.MAXMSGSIZE, settings.sub_max_message_bytes)
         if spec.bind:
-            # Only where we bind: the connecting peer reconnects after ZMQ drops it for an
-            # oversized message, while a SUB that connects is never reconnected after one
-            # (libzmq ends a session on a protocol error): one big batch would cut the
-            # worker off for good. A connected worker is an engine the operator named.
-            sub.setsockopt(zmq.MAXMSGSIZE, settings.sub_max_message_bytes)
             bind_endpoint(sub, spec.endpoint)
         else:
             connect_endpoint(sub, spec.endpoint)
@@ -55,6 +56,25 @@ def open_worker_sockets(
         close_monitored(sub, monitor)
         raise
     return sub, monitor
+
+
+# How long a connecting SUB may stay disconnected with no reconnect attempt under way
+# before it is connected again. After an ordinary disconnect libzmq reports its first
+# retry at once (EVENT_CONNECT_RETRIED, measured: 0 ms); after a protocol error -- an
+# oversized message, a malformed frame -- it never retries.
+REOPEN_AFTER_S = 2.0
+
+
+def reopen(sub: zmq.asyncio.Socket, endpoint: str) -> bool:
+    """Connect ``sub`` to ``endpoint`` again (a session libzmq ended for good); False when
+    the endpoint cannot be connected now (retried on the next disconnect timeout)."""
+    with contextlib.suppress(zmq.ZMQError):  # the ended session may be gone already
+        sub.disconnect(endpoint)
+    try:
+        connect_endpoint(sub, endpoint)
+    except InvalidEndpoint:
+        return False
+    return True
 
 
 def silent_hint(spec: WorkerSpec) -> str:

@@ -39,7 +39,7 @@ from router.ingest.counters import WorkerCounters
 from router.ingest.gc_pause import gc_paused
 from router.ingest.recovery import REPAIR_FIRST_S, RecoveryMixin
 from router.ingest.sequencing import SeqTracker, Verdict
-from router.ingest.sub_socket import open_worker_sockets, silent_hint
+from router.ingest.sub_socket import REOPEN_AFTER_S, open_worker_sockets, reopen, silent_hint
 from router.ingest.writer import IndexWriter
 from router.logging_setup import event_extra
 from router.netutil import close_monitored
@@ -174,9 +174,17 @@ class WorkerSubscription(RecoveryMixin):
         close_monitored(self._sub, self._monitor)
 
     async def _watch_monitor(self) -> None:
+        ended = False  # disconnected where we connect, and libzmq not retrying
         while True:
+            # poll's own timeout, not asyncio.wait_for: cancelling a wait_for around the
+            # monitor's recv at shutdown hung (tests/router/ingest/test_subscription.py)
+            if ended and not await self._monitor.poll(int(REOPEN_AFTER_S * 1e3)):
+                ended = False
+                self._reopen()
+                continue
             msg = await self._monitor.recv_multipart()
             event = parse_monitor_message(msg)["event"]
+            ended = event == zmq.EVENT_DISCONNECTED and not self.spec.bind
             if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
                 self.connected = self.ever_connected = True
                 log.info(
@@ -196,6 +204,19 @@ class WorkerSubscription(RecoveryMixin):
                 )
             elif event == zmq.EVENT_MONITOR_STOPPED:
                 return
+
+    def _reopen(self) -> None:
+        """libzmq ended our connection for good (a protocol error: a message over
+        ``sub_max_message_bytes``, a malformed frame) and will not retry: connect again."""
+        if reopen(self._sub, self.spec.endpoint):
+            self.counters.reopened += 1
+            self._limited.warning(
+                "reopened",
+                "worker %s: ZMQ ended the connection for good (a message over "
+                "sub_max_message_bytes, or a malformed frame); connecting again",
+                self.worker_id,
+                extra=self._event("connection_reopened"),
+            )
 
     # ------------------------------------------------------------------ main loop
     async def _supervise(self) -> None:

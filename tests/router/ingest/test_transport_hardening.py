@@ -126,7 +126,8 @@ async def test_bad_frames_keep_being_logged(engine: FakeEngine, caplog: pytest.L
 async def test_a_message_over_the_size_limit_is_refused_and_counted_as_a_gap(mode: str) -> None:
     """``sub_max_message_bytes`` (ZMQ_MAXMSGSIZE) on a SUB the router binds (a worker with
     ``bind``, the ``listen`` SUB): a bigger batch never reaches the index, its gap is
-    counted, and the engine (which connects) is back with its next batches."""
+    counted, and the engine (which connects) is back with its next batches. (No replay
+    endpoint here: nothing brings the batch back.)"""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     listen = endpoint if mode == "listen" else None
     svc = RouterService(RouterSettings(sub_max_message_bytes=64 << 10, listen=listen))
@@ -162,4 +163,25 @@ async def test_a_message_over_the_size_limit_is_refused_and_counted_as_a_gap(mod
         assert b'kvroute_gaps_total{worker="w"} 1.0' in metrics
     finally:
         pub.shutdown()
+        await svc.stop()
+
+
+async def test_a_connecting_sub_is_reopened_after_an_oversized_message(engine: FakeEngine):
+    """Where the router connects, libzmq ends the session for good on an oversized
+    message (no reconnect attempt follows); the subscription notices the silence of its
+    monitor and connects again, and the replay on reconnecting (or the gap's) -- bounded
+    by ``replay_max_bytes``, not by the live limit -- brings the batch back."""
+    svc, sub = await start(engine, sub_max_message_bytes=64 << 10)
+    try:
+        n = 40_000  # 10k blocks, ~200 KB of token ids in msgpack
+        big = await engine.publish(batch(stored(list(range(1, n // 4 + 1)), [7] * n)))
+        await wait_until(lambda: sub.counters.reopened >= 1, what="connection reopened")
+        await engine.wait_subscribed(2)
+        last = await engine.publish(batch(stored([10**9], [1, 2, 3, 4])))
+        await wait_until(lambda: sub.last_seq.get(0, -1) >= last, what="later batch applied")
+        assert last > big and sub.last_seq[0] == last
+        assert (await svc.index.stats())["entries"] >= n // 4  # replayed
+        metrics = await svc.metrics.render()
+        assert b'kvroute_reopened_connections_total{worker="w0"} 1.0' in metrics
+    finally:
         await svc.stop()
