@@ -28,15 +28,9 @@ from offload_core.base import (
     make_offload_key,
 )
 from offload_core.block_pool import BlockMeta
-from schemas import (
-    MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    ExternalBlockHash,
-    KVEvent,
-)
+from schemas import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from schemas.hashing import external_hash
+from schemas.wire import ExternalBlockHash
 
 
 class VBlock:
