@@ -66,7 +66,7 @@ check-native-asan: install system-deps
 	  -I$(PY_INCLUDE) router/native/*.c -lxxhash -o router/native/_core$(EXT_SUFFIX)
 	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/router/native tests/router/ingest; \
-	  rc=$$?; $(BIN)/python setup.py build_ext --inplace -q; exit $$rc
+	  rc=$$?; $(BIN)/python setup.py build_ext --inplace --force -q; exit $$rc
 
 .PHONY: check-native-asan
 
