@@ -105,19 +105,16 @@ def _scan(
             )
         ):
             return None
-        if hashes == prev:  # a sibling group's store of the step: all named already
-            parent = ev.parent_block_hash
-            if parent is not None:
-                parents.append(parent)
-                if parent not in known and parent not in seen and parent not in prev:
-                    late.append(parent)
-            continue
-        seen.update(prev)
+        sibling = hashes == prev  # a sibling group's store of the step: all named already
+        if not sibling:
+            seen.update(prev)
         parent = ev.parent_block_hash
         if parent is not None:
             parents.append(parent)
-            if parent not in known and parent not in seen:
+            if parent not in known and parent not in seen and not (sibling and parent in prev):
                 late.append(parent)
+        if sibling:
+            continue
         if (known or seen) and not _named_alike(hashes, known, seen):
             return None
         prev = hashes
