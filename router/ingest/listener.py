@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from router.config import RouterSettings, WorkerSpec
+from router.ingest.sub_socket import new_sub
 from router.ingest.subscription import WorkerSubscription
 from router.netutil import bind_endpoint
 from router.ratelimited_log import RateLimitedLog
@@ -77,10 +78,7 @@ class TopicListener:
         self.unknown_topics = 0
         self._lookup = lookup
         self._register = register
-        self._sock = ctx.socket(zmq.SUB)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVHWM, settings.sub_hwm)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, settings.sub_max_message_bytes)
+        self._sock = new_sub(ctx, settings)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
         bind_endpoint(self._sock, self.endpoint)
         self._limited = RateLimitedLog(log)  # keys bounded by RateLimitedLog.max_keys

@@ -22,6 +22,24 @@ from router.netutil import (
 )
 
 
+def new_sub(ctx: zmq.asyncio.Context, settings: RouterSettings) -> zmq.asyncio.Socket:
+    """A SUB with the options every one of ours has (a worker's, the ``listen`` one).
+
+    ``sub_max_message_bytes``: an oversized message is a protocol error, on which ZMQ
+    drops the connection. A peer that connects to us reconnects; where we connect,
+    libzmq ends the session for good and ``reopen`` below (called by the subscription)
+    connects again."""
+    sub = ctx.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
+        sub.setsockopt(zmq.MAXMSGSIZE, settings.sub_max_message_bytes)
+    except zmq.ZMQError:
+        sub.close(linger=0)
+        raise
+    return sub
+
+
 def open_worker_sockets(
     spec: WorkerSpec, ctx: zmq.asyncio.Context, settings: RouterSettings
 ) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
@@ -31,17 +49,11 @@ def open_worker_sockets(
     sub: zmq.asyncio.Socket | None = None
     monitor: zmq.asyncio.Socket | None = None
     try:
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, settings.sub_hwm)
+        sub = new_sub(ctx, settings)
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
         monitor = open_monitor(ctx, sub)
-        # An oversized message is a protocol error: ZMQ drops the connection. A peer that
-        # connects to us reconnects; where we connect, libzmq ends the session for good
-        # and ``reopen`` below (called by the subscription) connects again.
-        sub.setsockopt(zmq.MAXMSGSIZE, settings.sub_max_message_bytes)
         if spec.bind:
             bind_endpoint(sub, spec.endpoint)
         else:
