@@ -264,6 +264,7 @@ class ChargedFleet(Fleet):
 
     def _admitted(self, rid: str, truth: int) -> None:
         _, _, est = self._pending.pop(rid)
+        self.core.observe_cached(est, truth)
         s = self.stats
         s.hit_tokens += truth
         s.exact += est == truth
@@ -320,4 +321,6 @@ class ChargedFleet(Fleet):
         out["tpot_mean_s"] = round(sum(tpot) / len(tpot), 5) if tpot else 0.0
         out["unfinished"] = len(self._pending)
         out["engine_steps"] = sum(sim.steps for sim in self.sims)
+        pressure = self.core.pressure  # hits lost between routing and admission
+        out["hits_lost_to_eviction"] = round(pressure.losses / max(pressure.samples, 1), 4)
         return out

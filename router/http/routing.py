@@ -186,6 +186,22 @@ class _RoutingCollector(Collector):
             "live predicted prefix entries (bursts placed before their events arrive)",
             value=core.memory.predicted_entries,
         )
+        pressure = core.pressure
+        yield CounterMetricFamily(
+            "kvroute_route_cached_reports",
+            "engine-reported cached tokens of requests routed with a cache hit",
+            value=pressure.samples,
+        )
+        yield CounterMetricFamily(
+            "kvroute_route_cached_shortfalls",
+            "of those, requests that found fewer tokens cached than the index held (evicted)",
+            value=pressure.losses,
+        )
+        yield GaugeMetricFamily(
+            "kvroute_route_cache_pressure",
+            "shortfall rate, exponentially weighted (the share term's cache-pressure gate)",
+            value=pressure.loss_rate,
+        )
 
 
 def reset_routing(

@@ -367,6 +367,7 @@ class ProxyMiddleware:
     def _observe(self, decision: Decision, cached: int | None) -> None:
         if cached is not None:
             self.proxy.counters.observe_cached(decision.worker_id, decision.hit_tokens, cached)
+            self.proxy.core.observe_cached(decision.hit_tokens, cached)
         self.proxy.service.recent_routes.append(
             {
                 "ts": time.time(),

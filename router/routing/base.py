@@ -75,6 +75,13 @@ class PolicyWeights:
     # 8 (was 4): held-out grid 27/36 cells (26), imbalance <= 1.10 in 19/36 (15).
     share_warmup: float = 8.0
     share_prior_warm: float = 4.0
+    # Where the fleet's caches hold every working set (no continuation found its prefix
+    # evicted: ``router.routing.pressure``) the share term weighs ``share_roomy`` times
+    # as much: spreading a group of sessions over more workers there only prefills their
+    # shared prefix again. It weighs in full from a continuation loss rate of
+    # ``pressure_knee`` up (linear in between). 1: pressure is not looked at.
+    share_roomy: float = 1.0
+    pressure_knee: float = 0.1
     # Where the backlog leaves at first tokens, the share of the estimated progress of
     # the request now in prefill (learned speed x time since it started) taken off the
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
@@ -149,6 +156,9 @@ class RouteInput:
     block_tokens: int = 16
     # Requests the router has routed before this one (the share prior's warm-up).
     routed: int = 0
+    # How much the fleet's caches are under pressure, 0..1 (``router.routing.pressure``:
+    # the continuation loss rate over ``pressure_knee``); 1 where it is not measured.
+    pressure: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

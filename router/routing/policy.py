@@ -14,9 +14,10 @@ prefill work::
            + backlog * prefill_backlog_w          # uncached tokens not prefilled yet
            + decode * inflight_w                  # decode slots, in token equivalents
            + held * inflight_tokens_w             # KV held by running requests
-           + share * request_tokens * (recent_w - mean(recent))
+           + share * roomy * request_tokens * (recent_w - mean(recent))
                    / (mean(recent) + prior)  # fair share
     prior = share_prior * request_tokens, fading over the first share_warmup x N requests
+    roomy = share_roomy + (1 - share_roomy) * pressure   # 1 under cache pressure
 
 plus a balance guard: a worker whose load exceeds the fleet's mean by more than
 ``balance_slack`` loses its cache affinity, so a popular prefix cannot pile traffic onto
@@ -155,7 +156,8 @@ class KvAwarePolicy(Policy):
         )
         decode_w, held = weights.decode, weights.held
         sharing = weights.share > 0 and fair > 0
-        share_n = weights.share * n
+        roomy = weights.share_roomy
+        share_n = weights.share * n * (roomy + (1.0 - roomy) * request.pressure)
         over_fair = fair + prior
         costs: list[float] = []
         append = costs.append

@@ -29,6 +29,7 @@ from router.routing.policy import (
     make_policy,
 )
 from router.routing.prefix_memory import PrefixMemory
+from router.routing.pressure import CachePressure
 from router.routing.speed import SpeedEstimator
 
 __all__ = [
@@ -109,6 +110,8 @@ class RoutingCore:
             self.config.hot_window,
             self.config.hot_min_requests,
         )
+        self.pressure = CachePressure()
+        self._first_tokens_reported = False
         self._policies: dict[str, Policy] = {}
         # Prompt tokens routed per worker, decayed per routed request (the share term).
         self.recent: dict[str, float] = {}
@@ -188,7 +191,13 @@ class RoutingCore:
                     engines.get(w, unknown) if engines else unknown,
                 )
             )
-        request = RouteInput(n, hot, self.config.prefix_block_tokens, self.routed_total)
+        request = RouteInput(
+            n,
+            hot,
+            self.config.prefix_block_tokens,
+            self.routed_total,
+            self._pressure(keys, scores) if weights.share_roomy != 1.0 else 1.0,
+        )
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
         expected = max(chosen.hit_tokens, chosen.predicted_tokens)
@@ -200,6 +209,7 @@ class RoutingCore:
         if keys:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
+            self.pressure.remember(keys, request_id, chosen.worker_id)
         self.routed[chooser.name] += 1
         self.routed_total += 1
         return Decision(
@@ -215,6 +225,36 @@ class RoutingCore:
             loads=choice.loads,
             costs=choice.costs,
         )
+
+    def _pressure(self, keys: Sequence[int], scores: Sequence[ScoreLike]) -> float:
+        """The share term's cache-pressure gate, 0..1, after learning from this request
+        if it continues an earlier one (``CachePressure.continued``)."""
+        if keys:
+
+            def hit_on(worker_id: str) -> int | None:
+                for s in scores:
+                    if s.worker_id == worker_id:
+                        return s.hit_tokens
+                return None
+
+            key_tokens = self.config.prefix_block_tokens
+            self.pressure.continued(keys, key_tokens, hit_on, self._prefilling)
+        return self.pressure.gate(self.config.weights.pressure_knee)
+
+    def _prefilling(self, request_id: str) -> bool:
+        """Whether a request may not have stored its prompt yet: in flight with no first
+        token reported. Where first tokens are not reported at all (the proxy) a request
+        counts as prefilled: its client sends the next turn only after reading the whole
+        answer, a moment before the proxy finishes it."""
+        if not self._first_tokens_reported:
+            return False
+        item = self.inflight.get(request_id)
+        return item is not None and item.prefill_tokens > 0
+
+    def observe_cached(self, hit_tokens: int, cached_tokens: int) -> None:
+        """The engine reported ``cached_tokens`` for a request routed with ``hit_tokens``
+        cached per the index: the cache-pressure sample behind ``share_roomy``."""
+        self.pressure.reported(hit_tokens, cached_tokens, self.config.prefix_block_tokens)
 
     def _head_progress(self, worker_id: str, now: float) -> float:
         """Tokens of the request now in prefill on the worker that are already done: it
@@ -251,6 +291,7 @@ class RoutingCore:
         item = self.inflight.get(request_id)
         if item is None:
             return False
+        self._first_tokens_reported = True
         if item.prefill_tokens > 0:
             self.speeds.observe(item.worker_id, item.dispatched, now, item.prefill_tokens)
         self.inflight.first_token(request_id)

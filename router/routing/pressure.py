@@ -1,0 +1,92 @@
+"""Cache pressure: how often a cache hit the router could count on was lost to eviction.
+
+A fair-share term that spreads load is what keeps hits under a tight cache (a busy
+worker evicts a conversation's blocks while its next turn waits in the queue), and it
+only costs hits where every working set fits (a group of conversations split over two
+workers prefills its shared prefix twice, for good). Which regime the fleet is in shows
+in one rate the router measures itself, from two kinds of sample:
+
+* a request that extends a prompt the router routed earlier (a conversation's next turn,
+  an agent's next step) and finds that prompt no longer cached in full on the worker it
+  went to: evicted before this request was routed (the index shows it);
+* a request routed with a cache hit whose engine then reports fewer ``cached_tokens``:
+  evicted between routing and admission, while it waited in the engine's queue (where
+  engines report usage).
+
+Measured on the live benchmark (docs/routing.md): none in a roomy fleet; 0.6 in a tight one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+
+class CachePressure:
+    """The fleet's hit-loss rate, exponentially weighted over ``window`` samples; 0 until
+    the first one."""
+
+    def __init__(self, window: float = 32.0, remembered: int = 65_536) -> None:
+        self.alpha = 1.0 / max(window, 1.0)
+        self.remembered = max(1, remembered)
+        # Last prefix key of a routed prompt -> (request id, worker).
+        self._prompts: dict[int, tuple[str, str]] = {}
+        self.loss_rate = 0.0
+        self.samples = 0
+        self.losses = 0
+        self.continuations = 0
+        self.continuations_lost = 0
+
+    def _sample(self, lost: bool) -> None:
+        self.samples += 1
+        self.losses += lost
+        self.loss_rate += self.alpha * (float(lost) - self.loss_rate)
+
+    def continued(
+        self,
+        keys: Sequence[int],
+        key_tokens: int,
+        hit_on: Callable[[str], int | None],
+        prefilling: Callable[[str], bool],
+    ) -> None:
+        """Before routing a request with prefix ``keys``: if it extends a prompt routed
+        earlier (the longest such: a conversation's last turn) that has been prefilled,
+        learn whether its worker still holds it (``hit_on(worker)``: cached tokens there
+        now per the index; ``None`` if the worker is gone)."""
+        prompts = self._prompts
+        for i in range(len(keys) - 1, -1, -1):
+            entry = prompts.get(keys[i])
+            if entry is None:
+                continue
+            request_id, worker = entry
+            if prefilling(request_id):
+                return  # its prompt may not be stored yet: no evidence either way
+            hit = hit_on(worker)
+            if hit is None:
+                return
+            lost = hit < (i + 1) * key_tokens
+            self.continuations += 1
+            self.continuations_lost += lost
+            self._sample(lost)
+            return
+
+    def remember(self, keys: Sequence[int], request_id: str, worker_id: str) -> None:
+        """The request was routed: a later request extending its prompt is a
+        continuation (bounded: the oldest prompts are forgotten first)."""
+        if not keys:
+            return
+        prompts = self._prompts
+        prompts[keys[-1]] = (request_id, worker_id)
+        if len(prompts) > self.remembered:
+            del prompts[next(iter(prompts))]
+
+    def reported(self, expected: int, cached: int, tolerance: int) -> None:
+        """One request: ``expected`` cached tokens per the index when it was routed,
+        ``cached`` as the engine reported. Requests expected to hit nothing say nothing;
+        a shortfall within ``tolerance`` (block rounding, the last token every engine
+        recomputes) is no loss."""
+        if expected > tolerance:
+            self._sample(cached < expected - tolerance)
+
+    def gate(self, knee: float) -> float:
+        """0..1: how far the loss rate is towards ``knee`` (1 at or past it)."""
+        return 1.0 if knee <= 0 else min(1.0, self.loss_rate / knee)
