@@ -187,20 +187,32 @@ class _RoutingCollector(Collector):
             value=core.memory.predicted_entries,
         )
         pressure = core.pressure
-        yield CounterMetricFamily(
-            "kvroute_route_cached_reports",
-            "engine-reported cached tokens of requests routed with a cache hit",
-            value=pressure.samples,
+        checks = CounterMetricFamily(
+            "kvroute_route_hit_checks",
+            "cache hits the router could check, by how: a routed prompt continued "
+            "(index), or the engine's reported cached tokens",
+            labels=["via"],
         )
-        yield CounterMetricFamily(
-            "kvroute_route_cached_shortfalls",
-            "of those, requests that found fewer tokens cached than the index held (evicted)",
-            value=pressure.losses,
+        lost = CounterMetricFamily(
+            "kvroute_route_hits_lost",
+            "of those, hits lost to eviction (before routing, or while queued at the engine)",
+            labels=["via"],
         )
+        checks.add_metric(["continuation"], pressure.continuations)
+        checks.add_metric(["engine_report"], pressure.reports)
+        lost.add_metric(["continuation"], pressure.continuations_lost)
+        lost.add_metric(["engine_report"], pressure.reports_lost)
+        yield checks
+        yield lost
         yield GaugeMetricFamily(
             "kvroute_route_cache_pressure",
-            "shortfall rate, exponentially weighted (the share term's cache-pressure gate)",
+            "hit-loss rate, exponentially weighted (the share term's cache-pressure gate)",
             value=pressure.loss_rate,
+        )
+        yield GaugeMetricFamily(
+            "kvroute_route_queue_depth",
+            "mean prefill backlog per worker in requests' worth, exponentially weighted",
+            value=pressure.queue_depth,
         )
 
 

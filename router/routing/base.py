@@ -75,13 +75,15 @@ class PolicyWeights:
     # 8 (was 4): held-out grid 27/36 cells (26), imbalance <= 1.10 in 19/36 (15).
     share_warmup: float = 8.0
     share_prior_warm: float = 4.0
-    # Where the fleet's caches hold every working set (no continuation found its prefix
-    # evicted: ``router.routing.pressure``) the share term weighs ``share_roomy`` times
-    # as much: spreading a group of sessions over more workers there only prefills their
-    # shared prefix again. It weighs in full from a continuation loss rate of
-    # ``pressure_knee`` up (linear in between). 1: pressure is not looked at.
-    share_roomy: float = 1.0
+    # Where the fleet neither evicts hits nor queues work (``router.routing.pressure``)
+    # the share term weighs ``share_roomy`` times as much: spreading a group of sessions
+    # over more workers there buys neither hits nor TTFT and prefills their shared prefix
+    # again. It weighs in full from a hit-loss rate of ``pressure_knee`` or a mean
+    # prefill backlog of ``queue_knee`` requests' worth per worker (0: backlog not
+    # looked at) up, linear in between. 1: pressure is not looked at.
+    share_roomy: float = 0.5
     pressure_knee: float = 0.1
+    queue_knee: float = 0.25
     # Where the backlog leaves at first tokens, the share of the estimated progress of
     # the request now in prefill (learned speed x time since it started) taken off the
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave

@@ -35,6 +35,9 @@ class CachePressure:
         self.losses = 0
         self.continuations = 0
         self.continuations_lost = 0
+        self.reports = 0
+        self.reports_lost = 0
+        self.queue_depth = 0.0
 
     def _sample(self, lost: bool) -> None:
         self.samples += 1
@@ -79,14 +82,29 @@ class CachePressure:
         if len(prompts) > self.remembered:
             del prompts[next(iter(prompts))]
 
-    def reported(self, expected: int, cached: int, tolerance: int) -> None:
+    def reported(self, expected: int, cached: int) -> None:
         """One request: ``expected`` cached tokens per the index when it was routed,
-        ``cached`` as the engine reported. Requests expected to hit nothing say nothing;
-        a shortfall within ``tolerance`` (block rounding, the last token every engine
-        recomputes) is no loss."""
-        if expected > tolerance:
-            self._sample(cached < expected - tolerance)
+        ``cached`` as the engine reported at admission. The index's estimate is exact
+        (the engine's own rounding and last-token rule included), so any shortfall is
+        a hit evicted in between; a request expected to hit nothing says nothing."""
+        if expected > 0:
+            lost = cached < expected
+            self.reports += 1
+            self.reports_lost += lost
+            self._sample(lost)
 
-    def gate(self, knee: float) -> float:
-        """0..1: how far the loss rate is towards ``knee`` (1 at or past it)."""
-        return 1.0 if knee <= 0 else min(1.0, self.loss_rate / knee)
+    def queued(self, mean_backlog: float, request_tokens: int) -> None:
+        """One routed request: the fleet's mean prefill backlog per worker, in units of
+        this request's size (how many requests' worth of work waits ahead of it)."""
+        depth = mean_backlog / max(request_tokens, 1)
+        self.queue_depth += self.alpha * (depth - self.queue_depth)
+
+    def gate(self, knee: float, queue_knee: float = 0.0) -> float:
+        """0..1: how far the loss rate is towards ``knee``, or the queue depth towards
+        ``queue_knee`` (0: not looked at), whichever is further; 1 at or past either."""
+        if knee <= 0:
+            return 1.0
+        gate = self.loss_rate / knee
+        if queue_knee > 0:
+            gate = max(gate, self.queue_depth / queue_knee)
+        return min(1.0, gate)

@@ -196,7 +196,7 @@ class RoutingCore:
             hot,
             self.config.prefix_block_tokens,
             self.routed_total,
-            self._pressure(keys, scores) if weights.share_roomy != 1.0 else 1.0,
+            self._pressure(keys, scores, views, n) if weights.share_roomy != 1.0 else 1.0,
         )
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
@@ -226,9 +226,13 @@ class RoutingCore:
             costs=choice.costs,
         )
 
-    def _pressure(self, keys: Sequence[int], scores: Sequence[ScoreLike]) -> float:
-        """The share term's cache-pressure gate, 0..1, after learning from this request
-        if it continues an earlier one (``CachePressure.continued``)."""
+    def _pressure(
+        self, keys: Sequence[int], scores: Sequence[ScoreLike], views: list[WorkerView], n: int
+    ) -> float:
+        """The share term's pressure gate, 0..1, after learning from this request: if it
+        continues an earlier one (``CachePressure.continued``), and how much prefill work
+        waits on the fleet's workers in units of its size."""
+        pressure = self.pressure
         if keys:
 
             def hit_on(worker_id: str) -> int | None:
@@ -238,8 +242,10 @@ class RoutingCore:
                 return None
 
             key_tokens = self.config.prefix_block_tokens
-            self.pressure.continued(keys, key_tokens, hit_on, self._prefilling)
-        return self.pressure.gate(self.config.weights.pressure_knee)
+            pressure.continued(keys, key_tokens, hit_on, self._prefilling)
+        pressure.queued(sum([v.prefill_backlog for v in views]) / len(views), n)
+        weights = self.config.weights
+        return pressure.gate(weights.pressure_knee, weights.queue_knee)
 
     def _prefilling(self, request_id: str) -> bool:
         """Whether a request may not have stored its prompt yet: in flight with no first
@@ -254,7 +260,7 @@ class RoutingCore:
     def observe_cached(self, hit_tokens: int, cached_tokens: int) -> None:
         """The engine reported ``cached_tokens`` for a request routed with ``hit_tokens``
         cached per the index: the cache-pressure sample behind ``share_roomy``."""
-        self.pressure.reported(hit_tokens, cached_tokens, self.config.prefix_block_tokens)
+        self.pressure.reported(hit_tokens, cached_tokens)
 
     def _head_progress(self, worker_id: str, now: float) -> float:
         """Tokens of the request now in prefill on the worker that are already done: it

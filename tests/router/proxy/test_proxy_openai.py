@@ -55,6 +55,12 @@ def test_completion_lands_where_the_cache_is_and_reports_the_engines_cached_toke
     assert ids.usage.prompt_tokens == 100
     info = router.workers()[worker]
     assert info["estimates_compared"] >= 2 and info["estimate_exact_share"] == 1.0
+    # The engine's report of a hit as estimated is a cache-pressure sample with no loss.
+    metrics = router.metrics()
+    assert 'kvroute_route_hits_lost_total{via="engine_report"} 0.0' in metrics
+    reports = 'kvroute_route_hit_checks_total{via="engine_report"}'
+    checks = next(ln for ln in metrics.splitlines() if ln.startswith(reports))
+    assert float(checks.split()[-1]) >= 1
     assert sum(w["inflight"] for w in router.workers().values()) == 0
 
 

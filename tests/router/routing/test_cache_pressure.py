@@ -13,16 +13,60 @@ from router.routing.pressure import CachePressure
 from router.routing.state import RoutingConfig, RoutingCore
 
 
-def test_a_shortfall_beyond_the_tolerance_is_a_loss_and_no_hit_is_no_sample() -> None:
+def test_an_engine_report_below_the_estimate_is_a_loss_and_no_hit_is_no_sample() -> None:
     p = CachePressure(window=4.0)
-    p.reported(expected=16, cached=0, tolerance=16)  # nothing expected beyond rounding
+    p.reported(expected=0, cached=0)  # nothing expected: no evidence
     assert (p.samples, p.losses, p.loss_rate) == (0, 0, 0.0)
-    p.reported(expected=640, cached=640 - 16, tolerance=16)  # the last block recomputed
+    p.reported(expected=640, cached=640)  # the estimate held
     assert (p.samples, p.losses, p.loss_rate) == (1, 0, 0.0)
-    p.reported(expected=640, cached=300, tolerance=16)  # evicted between route and admit
-    assert (p.samples, p.losses) == (2, 1)
+    p.reported(expected=640, cached=624)  # one block evicted between route and admit
+    assert (p.samples, p.losses, p.reports, p.reports_lost) == (2, 1, 2, 1)
     assert p.loss_rate == 0.25 and p.gate(0.5) == 0.5 and p.gate(0.1) == 1.0
     assert p.gate(0.0) == 1.0
+
+
+def test_a_continuation_checks_its_earlier_prompt_on_the_worker_it_went_to() -> None:
+    p = CachePressure(window=1.0)
+    first = [11, 12, 13]  # prefix keys of a 3-key prompt (64 tokens a key)
+    p.remember(first, "r0", "a")
+    later = [*first, 14, 15]  # the next turn: the same prefix, extended
+
+    def never(_: str) -> bool:
+        return False
+
+    p.continued(later, 64, {"a": 192}.get, never)  # all 192 tokens still on "a"
+    assert (p.continuations, p.continuations_lost, p.loss_rate) == (1, 0, 0.0)
+    p.continued(later, 64, {"a": 128}.get, never)  # its last key's tokens evicted
+    assert (p.continuations, p.continuations_lost, p.loss_rate) == (2, 1, 1.0)
+    # No evidence: the earlier request is still prefilling, or its worker is gone, or
+    # the request continues nothing the router routed.
+    p.continued(later, 64, {"a": 0}.get, lambda rid: rid == "r0")
+    p.continued(later, 64, {"b": 0}.get, never)
+    p.continued([21, 22], 64, {"a": 0}.get, never)
+    assert p.continuations == 2
+
+
+def test_the_queue_depth_opens_the_gate_as_the_loss_rate_does() -> None:
+    p = CachePressure(window=1.0)
+    p.queued(mean_backlog=500.0, request_tokens=1000)  # half a request's worth waits
+    assert p.queue_depth == 0.5
+    assert p.gate(0.1, queue_knee=1.0) == 0.5 and p.gate(0.1, queue_knee=0.25) == 1.0
+    assert p.gate(0.1) == 0.0  # queue_knee 0: the queue is not looked at
+
+
+def test_the_core_finds_continuations_through_its_own_routing() -> None:
+    core = RoutingCore(RoutingConfig(seed=0, inflight_ttl_s=1e9, prefix_block_tokens=64))
+    turn = list(range(640))
+    first = core.route("t0", turn, [Score("a"), Score("b")], now=0.0).worker_id
+    core.finish("t0", now=0.0)
+    nxt = turn + list(range(1000, 1200))
+    # The index no longer holds the first turn on its worker: a hit lost to eviction.
+    core.route("t1", nxt, [Score("a"), Score("b")], now=0.0)
+    assert (core.pressure.continuations, core.pressure.continuations_lost) == (1, 1)
+    core.finish("t1", now=0.0)
+    held = [Score(w, 640, 640, 640.0) if w == first else Score(w) for w in "ab"]
+    core.route("t2", turn + list(range(1000, 1100)), held, now=0.0)
+    assert (core.pressure.continuations, core.pressure.continuations_lost) == (2, 1)
 
 
 WEIGHTS = PolicyWeights(backlog=0.0, held=0.0, share=1.0, share_prior=0.0, share_roomy=0.0)
@@ -70,3 +114,30 @@ def test_the_core_learns_pressure_from_engine_reports_and_then_balances() -> Non
     assert core.pressure.loss_rate > weights.pressure_knee
     core.recent.update({"a": 1500.0, "b": 500.0})
     assert core.route("r2", [2] * 1000, scores, now=0.0).worker_id == "b"
+
+
+def test_with_the_defaults_a_roomy_idle_fleet_keeps_a_group_together() -> None:
+    # The live roomy benchmark's decision: a new conversation whose system prompt (300 of
+    # its 1000 tokens) is cached on "a", which got more than its share of recent tokens.
+    core = RoutingCore(RoutingConfig(seed=0, inflight_ttl_s=1e9))
+    core.routed_total = 10_000  # warm: the share prior is down to share_prior_warm
+    scores = [Score("a", 300, 300, 300.0), Score("b")]
+
+    def route(rid: str, tokens: list[int]) -> str:
+        core.recent.update({"a": 3000.0, "b": 1000.0})
+        worker = core.route(rid, tokens, scores, now=0.0).worker_id
+        core.finish(rid, now=0.0)
+        return worker
+
+    # Nothing evicted, nothing queued: splitting the group would only prefill its prefix
+    # twice, so the hit stays.
+    assert route("r0", [0] * 1000) == "a"
+    # Hits lost to eviction: the fair-share term weighs in full and spreads the group.
+    for _ in range(16):
+        core.observe_cached(300, 0)
+    assert route("r1", [1] * 1000) == "b"
+    # share_roomy 1 (the defaults before round 8): spread even with no pressure.
+    before = RoutingCore(RoutingConfig(weights=PolicyWeights(share_roomy=1.0), seed=0))
+    before.routed_total = 10_000
+    before.recent.update({"a": 3000.0, "b": 1000.0})
+    assert before.route("r0", [0] * 1000, scores, now=0.0).worker_id == "b"
