@@ -53,8 +53,8 @@ class CachePressure:
     ) -> None:
         """Before routing a request with prefix ``keys``: if it extends a prompt routed
         earlier (the longest such: a conversation's last turn) that has been prefilled,
-        learn whether its worker still holds it (``hit_on(worker)``: cached tokens there
-        now per the index; ``None`` if the worker is gone)."""
+        learn whether its worker still holds it in full (``hit_on(worker)``: cached
+        tokens there now per the index; ``None`` if the worker is gone)."""
         prompts = self._prompts
         for i in range(len(keys) - 1, -1, -1):
             entry = prompts.get(keys[i])
@@ -64,7 +64,10 @@ class CachePressure:
             if prefilling(request_id):
                 return  # its prompt may not be stored yet: no evidence either way
             hit = hit_on(worker)
-            if hit is None:
+            if not hit:
+                # None of it there (or the worker is gone): its cache was reset or the
+                # worker replaced. Eviction shows as a partial hit first -- engines free a
+                # request's blocks tail first, so its head is evicted last.
                 return
             lost = hit < (i + 1) * key_tokens
             self.continuations += 1

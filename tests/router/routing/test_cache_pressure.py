@@ -40,8 +40,10 @@ def test_a_continuation_checks_its_earlier_prompt_on_the_worker_it_went_to() -> 
     assert (p.continuations, p.continuations_lost, p.loss_rate) == (2, 1, 1.0)
     # No evidence: the earlier request is still prefilling, or its worker is gone, or
     # the request continues nothing the router routed.
-    p.continued(later, 64, {"a": 0}.get, lambda rid: rid == "r0")
-    p.continued(later, 64, {"b": 0}.get, never)
+    p.continued(later, 64, {"a": 64}.get, lambda rid: rid == "r0")
+    p.continued(later, 64, {"b": 64}.get, never)
+    # ... or its worker holds none of it: a cache reset, not eviction (tails go first).
+    p.continued(later, 64, {"a": 0}.get, never)
     p.continued([21, 22], 64, {"a": 0}.get, never)
     assert p.continuations == 2
 
@@ -60,8 +62,9 @@ def test_the_core_finds_continuations_through_its_own_routing() -> None:
     first = core.route("t0", turn, [Score("a"), Score("b")], now=0.0).worker_id
     core.finish("t0", now=0.0)
     nxt = turn + list(range(1000, 1200))
-    # The index no longer holds the first turn on its worker: a hit lost to eviction.
-    core.route("t1", nxt, [Score("a"), Score("b")], now=0.0)
+    # The index holds only the first 320 of its 640 tokens there: a hit lost to eviction.
+    part = [Score(w, 320, 320, 320.0) if w == first else Score(w) for w in "ab"]
+    core.route("t1", nxt, part, now=0.0)
     assert (core.pressure.continuations, core.pressure.continuations_lost) == (1, 1)
     core.finish("t1", now=0.0)
     held = [Score(w, 640, 640, 640.0) if w == first else Score(w) for w in "ab"]
