@@ -7,7 +7,8 @@ hits both alike: ``before`` is ``router/routing`` at ``--before`` (a git ref, re
 ``git show`` and loaded under another package name), ``after`` is the working tree.
 Both must choose the same workers for the whole sequence (checked; the decisions test is
 ``tests/router/routing/test_route_replay.py``), so ``after`` runs with the weights the
-default ref had (``AS_BEFORE``: the share prior's 4-request warm-up, no round-4 terms).
+default ref had (``AS_BEFORE``: the share prior's 4-request warm-up, no round-4 terms, no
+pressure gate).
 
 Workload: 256-token prompts (as ``benchmarks/proxy.py``) from 32 sessions over 4 system
 prompts; each worker's score 0 except 1-3 workers holding part of the prompt; up to
@@ -42,7 +43,7 @@ sys.path.insert(0, str(REPO))
 # main when this benchmark was written, before the round-3c speed-ups (issue 16).
 DEFAULT_BEFORE = "065c969"
 # The defaults that changed since DEFAULT_BEFORE (decisions, on purpose; issue 15).
-AS_BEFORE = {"share_warmup": 4.0, "large_tokens": 0.0, "ttft_miss": 0.0}
+AS_BEFORE = {"share_warmup": 4.0, "large_tokens": 0.0, "ttft_miss": 0.0, "share_roomy": 1.0}
 
 
 @dataclass(slots=True)
