@@ -56,7 +56,10 @@ class CachePressure:
         learn whether its worker still holds it in full (``hit_on(worker)``: cached
         tokens there now per the index; ``None`` if the worker is gone)."""
         prompts = self._prompts
-        for i in range(len(keys) - 1, -1, -1):
+        # From the second-longest prefix down: a prompt routed before that ends where this
+        # one does is this prompt again (a retry, a replayed conversation), not its
+        # earlier turn -- after a cache reset it would read as evicted.
+        for i in range(len(keys) - 2, -1, -1):
             entry = prompts.get(keys[i])
             if entry is None:
                 continue
@@ -64,10 +67,7 @@ class CachePressure:
             if prefilling(request_id):
                 return  # its prompt may not be stored yet: no evidence either way
             hit = hit_on(worker)
-            if not hit:
-                # None of it there (or the worker is gone): its cache was reset or the
-                # worker replaced. Eviction shows as a partial hit first -- engines free a
-                # request's blocks tail first, so its head is evicted last.
+            if hit is None:
                 return
             lost = hit < (i + 1) * key_tokens
             self.continuations += 1

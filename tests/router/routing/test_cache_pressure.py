@@ -40,10 +40,11 @@ def test_a_continuation_checks_its_earlier_prompt_on_the_worker_it_went_to() -> 
     assert (p.continuations, p.continuations_lost, p.loss_rate) == (2, 1, 1.0)
     # No evidence: the earlier request is still prefilling, or its worker is gone, or
     # the request continues nothing the router routed.
-    p.continued(later, 64, {"a": 64}.get, lambda rid: rid == "r0")
-    p.continued(later, 64, {"b": 64}.get, never)
-    # ... or its worker holds none of it: a cache reset, not eviction (tails go first).
-    p.continued(later, 64, {"a": 0}.get, never)
+    p.continued(later, 64, {"a": 0}.get, lambda rid: rid == "r0")
+    p.continued(later, 64, {"b": 0}.get, never)
+    # ... or it is the earlier prompt itself again (a retry, a replayed conversation):
+    # after a cache reset that would read as evicted.
+    p.continued(first, 64, {"a": 0}.get, never)
     p.continued([21, 22], 64, {"a": 0}.get, never)
     assert p.continuations == 2
 
