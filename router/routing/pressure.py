@@ -1,4 +1,5 @@
-"""Cache pressure: how often a cache hit the router could count on was lost to eviction.
+"""Cache and queue pressure: how often a cache hit the router could count on was lost
+to eviction, and how much prefill work waits on the fleet.
 
 A fair-share term that spreads load is what keeps hits under a tight cache (a busy
 worker evicts a conversation's blocks while its next turn waits in the queue), and it
@@ -13,7 +14,10 @@ in one rate the router measures itself, from two kinds of sample:
   evicted between routing and admission, while it waited in the engine's queue (where
   engines report usage).
 
-Measured on the live benchmark (docs/routing.md): none in a roomy fleet; 0.6 in a tight one.
+Measured on the live benchmark (docs/routing.md): no loss in a roomy fleet, 11-16% of the
+checks in a tight one. Where work queues the fair-share term pays for itself whatever
+the caches do, so the queue depth (mean prefill backlog per worker, in requests' worth)
+opens the same gate.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from collections.abc import Callable, Sequence
 
 
 class CachePressure:
-    """The fleet's hit-loss rate, exponentially weighted over ``window`` samples; 0 until
-    the first one."""
+    """The fleet's hit-loss rate and queue depth, each exponentially weighted over
+    ``window`` samples; 0 until the first one."""
 
     def __init__(self, window: float = 32.0, remembered: int = 65_536) -> None:
         self.alpha = 1.0 / max(window, 1.0)
