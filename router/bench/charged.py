@@ -321,6 +321,6 @@ class ChargedFleet(Fleet):
         out["tpot_mean_s"] = round(sum(tpot) / len(tpot), 5) if tpot else 0.0
         out["unfinished"] = len(self._pending)
         out["engine_steps"] = sum(sim.steps for sim in self.sims)
-        pressure = self.core.pressure  # hits lost between routing and admission
+        pressure = self.core.pressure  # hit checks (continuations, admissions) lost
         out["hits_lost_to_eviction"] = round(pressure.losses / max(pressure.samples, 1), 4)
         return out

@@ -158,8 +158,9 @@ class RouteInput:
     block_tokens: int = 16
     # Requests the router has routed before this one (the share prior's warm-up).
     routed: int = 0
-    # How much the fleet's caches are under pressure, 0..1 (``router.routing.pressure``:
-    # the continuation loss rate over ``pressure_knee``); 1 where it is not measured.
+    # How much the fleet is under pressure, 0..1 (``router.routing.pressure``: the hit-loss
+    # rate over ``pressure_knee`` or the queue depth over ``queue_knee``); 1 where it is
+    # not measured.
     pressure: float = 1.0
 
 

@@ -209,7 +209,8 @@ class RoutingCore:
         if keys:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
-            self.pressure.remember(keys, request_id, chosen.worker_id)
+            if weights.share_roomy != 1.0:  # only the pressure gate reads it back
+                self.pressure.remember(keys, request_id, chosen.worker_id)
         self.routed[chooser.name] += 1
         self.routed_total += 1
         return Decision(
