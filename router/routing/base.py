@@ -108,12 +108,6 @@ class PolicyWeights:
     ttft_share: float = 1.0
     escape: float = 0.0
     escape_floor: float = 0.0
-    # A request's uncached tokens on a worker hold up the cached turns that arrive there
-    # while it prefills: ``guard x miss x recent_hits_w / sum(recent_tokens)`` (the share
-    # of the fleet's recent traffic that was reuse on that worker, times this prefill).
-    guard: float = 0.0
-    # The guard term's weight in those TTFT prices (1: as in the token costs).
-    ttft_guard: float = 1.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -153,9 +147,6 @@ class WorkerView:
     speed: float = 1.0
     # Prompt tokens routed to the worker recently (exponentially decayed; the share term).
     recent_tokens: float = 0.0
-    # Cached tokens of the requests routed to the worker recently (decayed alike; the
-    # guard term: how much reuse a long prefill there would hold up).
-    recent_hits: float = 0.0
     engine: EngineStats = field(default_factory=EngineStats)
 
 

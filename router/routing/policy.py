@@ -159,7 +159,6 @@ class KvAwarePolicy(Policy):
         roomy = weights.share_roomy
         share_n = weights.share * n * (roomy + (1.0 - roomy) * request.pressure)
         over_fair = fair + prior
-        guard = weights.guard / (fair * len(views)) if weights.guard > 0 and fair > 0 else 0.0
         costs: list[float] = []
         append = costs.append
         # (``ttft_miss`` can apply only to a request of at least that many tokens: the
@@ -170,7 +169,7 @@ class KvAwarePolicy(Policy):
             or weights.escape > 0
             or weights.escape_floor > 0
         )
-        ttft_share, ttft_guard = weights.ttft_share, weights.ttft_guard
+        ttft_share = weights.ttft_share
         ttfts: list[float] = []  # expected TTFT, in tokens at the nominal speed
         extras: list[float] = []  # the held and share terms
         best_hit = 0.0
@@ -192,13 +191,11 @@ class KvAwarePolicy(Policy):
             if over > 0:  # a backlog past the knee (a long prompt) repels
                 queue += over * max(0.0, view.prefill_backlog - knee)
             decode = decode_w * view.inflight + held * view.inflight_tokens
-            # This prefill holds up the reuse that arrives on the worker meanwhile.
-            guarded = guard * miss * view.recent_hits if guard else 0.0
             shared = share_n * ((view.recent_tokens - fair) / over_fair) if sharing else 0.0
-            append((prefill * miss + queue) / speed + (decode + shared + guarded))
+            append((prefill * miss + queue) / speed + (decode + shared))
             if timed:
                 ttfts.append((miss + view.prefill_backlog) / speed)
-                extras.append(decode + ttft_share * shared + ttft_guard * guarded)
+                extras.append(decode + ttft_share * shared)
                 if affinity > best_hit:
                     best_hit = affinity
         if timed:

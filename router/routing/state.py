@@ -115,8 +115,6 @@ class RoutingCore:
         self._policies: dict[str, Policy] = {}
         # Prompt tokens routed per worker, decayed per routed request (the share term).
         self.recent: dict[str, float] = {}
-        # Cached tokens routed per worker, decayed alike (the guard term).
-        self.recent_hits: dict[str, float] = {}
         # Plain counters; the API exports them as Prometheus metrics at scrape time.
         self.routed: Counter[str] = Counter()
         self.routed_total = 0
@@ -168,7 +166,6 @@ class RoutingCore:
         # Head progress is 0 unless enabled and the backlog leaves at first tokens.
         progress = self._head_progress if self._head_progress_on() else None
         recent = self.recent
-        recent_hits = self.recent_hits
         views = []
         # Positional arguments, in WorkerView's field order: 64 views a request at 64
         # workers, and keywords cost more than the fields' work.
@@ -191,7 +188,6 @@ class RoutingCore:
                     load.tokens,
                     speeds[w],
                     recent.get(w, 0.0),
-                    recent_hits.get(w, 0.0),
                     engines.get(w, unknown) if engines else unknown,
                 )
             )
@@ -209,7 +205,7 @@ class RoutingCore:
         self.inflight.add(
             request_id, chosen.worker_id, now, float(n - expected), out_tokens, float(n)
         )
-        self._count_recent(chosen.worker_id, n, expected, len(views))
+        self._count_recent(chosen.worker_id, n, len(views))
         if keys:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
@@ -287,19 +283,13 @@ class RoutingCore:
     def _head_progress_on(self) -> bool:
         return self.config.weights.head_progress > 0 and self.config.prefill_tps <= 0
 
-    def _count_recent(self, worker_id: str, tokens: int, hits: int, workers: int) -> None:
-        """Decay every worker's recent tokens (and cached tokens) by one routed request's
-        step (a window of ``share_window`` requests per worker), then add this request's
-        to its worker."""
+    def _count_recent(self, worker_id: str, tokens: int, workers: int) -> None:
+        """Decay every worker's recent tokens by one routed request's step (a window of
+        ``share_window`` requests per worker), then add this request's to its worker."""
         keep = 1.0 - 1.0 / max(self.config.weights.share_window * workers, 1.0)
-        recent, recent_hits = self.recent, self.recent_hits
-        for w in recent:
-            recent[w] *= keep
-        recent[worker_id] = recent.get(worker_id, 0.0) + tokens
-        if hits > 0 or recent_hits:
-            for w in recent_hits:
-                recent_hits[w] *= keep
-            recent_hits[worker_id] = recent_hits.get(worker_id, 0.0) + hits
+        for w in self.recent:
+            self.recent[w] *= keep
+        self.recent[worker_id] = self.recent.get(worker_id, 0.0) + tokens
 
     def first_token(self, request_id: str, now: float | None = None) -> bool:
         """The engine streamed the request's first token: its prefill leaves the backlog
