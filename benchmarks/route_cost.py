@@ -43,7 +43,13 @@ sys.path.insert(0, str(REPO))
 # main when this benchmark was written, before the round-3c speed-ups (issue 16).
 DEFAULT_BEFORE = "065c969"
 # The defaults that changed since DEFAULT_BEFORE (decisions, on purpose; issue 15).
-AS_BEFORE = {"share_warmup": 4.0, "large_tokens": 0.0, "ttft_miss": 0.0, "share_roomy": 1.0}
+AS_BEFORE = {
+    "share_warmup": 4.0,
+    "large_tokens": 0.0,
+    "ttft_miss": 0.0,
+    "share_roomy": 1.0,
+    "share_evicting": 1.0,
+}
 
 
 @dataclass(slots=True)

@@ -84,6 +84,13 @@ class PolicyWeights:
     share_roomy: float = 0.5
     pressure_knee: float = 0.1
     queue_knee: float = 0.25
+    # ... and ``share_evicting`` times as much from a hit-loss rate of ``pressure_knee``
+    # up (linear from no loss) while work does not queue (fading out as the queue depth
+    # reaches ``queue_knee``): there the caches, not the engines' time, are what is
+    # short, and a group of sessions on one worker evicts its own turns (live tight
+    # regime: 0.707-0.761 with 2 against 0.695-0.724; where work queues, the backlog
+    # term already spreads it and the extra weight only moved sessions).
+    share_evicting: float = 2.0
     # Where the backlog leaves at first tokens, the share of the estimated progress of
     # the request now in prefill (learned speed x time since it started) taken off the
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
@@ -162,6 +169,9 @@ class RouteInput:
     # rate over ``pressure_knee`` or the queue depth over ``queue_knee``); 1 where it is
     # not measured.
     pressure: float = 1.0
+    # The hit-loss rate over ``pressure_knee`` while work does not queue, 0..1
+    # (``CachePressure.evicting``; 0 where not measured).
+    evicting: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ prefill work::
                    / (mean(recent) + prior)  # fair share
     prior = share_prior * request_tokens, fading over the first share_warmup x N requests
     roomy = share_roomy + (1 - share_roomy) * pressure   # 1 under cache pressure
+    roomy *= 1 + (share_evicting - 1) * evicting         # caches evict, work does not queue
 
 plus a balance guard: a worker whose load exceeds the fleet's mean by more than
 ``balance_slack`` loses its cache affinity, so a popular prefix cannot pile traffic onto
@@ -158,6 +159,8 @@ class KvAwarePolicy(Policy):
         sharing = weights.share > 0 and fair > 0
         roomy = weights.share_roomy
         share_n = weights.share * n * (roomy + (1.0 - roomy) * request.pressure)
+        if request.evicting > 0:
+            share_n *= 1.0 + (weights.share_evicting - 1.0) * request.evicting
         over_fair = fair + prior
         costs: list[float] = []
         append = costs.append

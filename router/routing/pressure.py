@@ -106,6 +106,15 @@ class CachePressure:
         depth = mean_backlog / max(request_tokens, 1)
         self.queue_depth += self.alpha * (depth - self.queue_depth)
 
+    def evicting(self, knee: float, queue_knee: float) -> float:
+        """0..1: how far the loss rate is towards ``knee`` while work does not queue
+        (falling to 0 as the queue depth reaches ``queue_knee``): hits lost to a full
+        cache, not to a busy fleet."""
+        if knee <= 0 or queue_knee <= 0:
+            return 0.0
+        calm = max(0.0, 1.0 - self.queue_depth / queue_knee)
+        return min(1.0, self.loss_rate / knee) * calm
+
     def gate(self, knee: float, queue_knee: float = 0.0) -> float:
         """0..1: how far the loss rate is towards ``knee``, or the queue depth towards
         ``queue_knee`` (0: not looked at), whichever is further; 1 at or past either."""

@@ -191,12 +191,14 @@ class RoutingCore:
                     engines.get(w, unknown) if engines else unknown,
                 )
             )
+        gated = weights.share_roomy != 1.0 or weights.share_evicting != 1.0
         request = RouteInput(
             n,
             hot,
             self.config.prefix_block_tokens,
             self.routed_total,
-            self._pressure(keys, scores, views, n) if weights.share_roomy != 1.0 else 1.0,
+            self._pressure(keys, scores, views, n) if gated else 1.0,
+            self.pressure.evicting(weights.pressure_knee, weights.queue_knee) if gated else 0.0,
         )
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
@@ -209,7 +211,7 @@ class RoutingCore:
         if keys:
             self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
-            if weights.share_roomy != 1.0:  # only the pressure gate reads it back
+            if gated:  # only the pressure gate reads it back
                 self.pressure.remember(keys, request_id, chosen.worker_id)
         self.routed[chooser.name] += 1
         self.routed_total += 1

@@ -145,3 +145,61 @@ def test_with_the_defaults_a_roomy_idle_fleet_keeps_a_group_together() -> None:
     before.routed_total = 10_000
     before.recent.update({"a": 3000.0, "b": 1000.0})
     assert before.route("r0", [0] * 1000, scores, now=0.0).worker_id == "b"
+
+
+def test_share_evicting_weighs_the_share_term_more_where_caches_evict() -> None:
+    # "a" holds 600 of a 1000-token prompt and got 1.2x its share: with the share term
+    # in full the hit stays; twice as heavy, the request spreads.
+    views = [
+        WorkerView("a", hit_tokens=600, score=600.0, recent_tokens=1200.0),
+        WorkerView("b", recent_tokens=800.0),
+    ]
+    policy = make_policy("kv_aware")
+
+    def pick(evicting: float, share_evicting: float) -> str:
+        weights = PolicyWeights(
+            backlog=0.0, held=0.0, share_prior=0.0, share_evicting=share_evicting
+        )
+        request = RouteInput(1000, pressure=1.0, evicting=evicting)
+        return views[policy.choose(request, views, weights, random.Random(0)).index].worker_id
+
+    assert pick(0.0, 2.0) == "a"  # a = 400 + 200 against b = 1000 - 200
+    assert pick(1.0, 2.0) == "b"  # a = 400 + 400 against b = 1000 - 400
+    assert pick(1.0, 1.0) == "a"  # share_evicting 1: the loss rate adds nothing
+
+
+def test_evicting_counts_lost_hits_only_while_work_does_not_queue() -> None:
+    p = CachePressure(window=1.0)
+    assert p.evicting(0.1, 0.25) == 0.0
+    p.reported(expected=640, cached=0)  # a hit lost to eviction
+    assert p.evicting(0.1, 0.25) == 1.0
+    # The same loss with half a request's worth queued per worker: the queue (and so
+    # the backlog term) is what spreads work there, not the cache.
+    p.queued(mean_backlog=500.0, request_tokens=1000)
+    assert p.evicting(0.1, 0.25) == 0.0 and p.gate(0.1, 0.25) == 1.0
+    p.queued(mean_backlog=62.5, request_tokens=1000)  # a quarter of the knee: 3/4 calm
+    assert p.evicting(0.1, 0.25) == 0.75
+    assert p.evicting(0.0, 0.25) == 0.0 and p.evicting(0.1, 0.0) == 0.0
+
+
+def test_the_core_spreads_harder_once_engines_report_evictions() -> None:
+    def core_with(share_evicting: float) -> RoutingCore:
+        weights = PolicyWeights(
+            backlog=0.0,
+            held=0.0,
+            share_prior=0.0,
+            share_prior_warm=0.0,
+            share_evicting=share_evicting,
+        )
+        return RoutingCore(RoutingConfig(weights=weights, seed=0, inflight_ttl_s=1e9))
+
+    scores = [Score("a", 600, 600, 600.0), Score("b")]
+    for share_evicting, after in ((2.0, "b"), (1.0, "a")):
+        core = core_with(share_evicting)
+        core.recent.update({"a": 1200.0, "b": 800.0})
+        assert core.route("r0", [0] * 1000, scores, now=0.0).worker_id == "a"
+        core.finish("r0", now=0.0)
+        for _ in range(16):
+            core.observe_cached(600, 0)  # the engines lost the hits the index promised
+        core.recent.update({"a": 1200.0, "b": 800.0})
+        assert core.route("r1", [1] * 1000, scores, now=0.0).worker_id == after

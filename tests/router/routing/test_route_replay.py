@@ -96,15 +96,19 @@ TUNED = RoutingConfig(
         ttft_miss=0.0,
         share_warmup=4.0,  # as recorded (8 since round 4b)
         share_roomy=1.0,  # as recorded (0.5 since round 8)
+        share_evicting=1.0,  # as recorded (2 since round 9)
     ),
     prefill_tps=0.0,
     seed=3,
 )
 # The defaults as recorded (the share prior's warm-up was 4 requests per worker then, the
 # default is 8 since round 4b; the share term did not look at pressure, share_roomy is 0.5
-# since round 8: decision changes on purpose).
+# since round 8 and share_evicting 2 since round 9: decision changes on purpose).
 DEFAULT = RoutingConfig(
-    weights=dataclasses.replace(PolicyWeights(), share_warmup=4.0, share_roomy=1.0), seed=11
+    weights=dataclasses.replace(
+        PolicyWeights(), share_warmup=4.0, share_roomy=1.0, share_evicting=1.0
+    ),
+    seed=11,
 )
 # 8 workers: enough first tokens per worker for learned speeds to steer placement.
 CASES = {"default": (DEFAULT, 64), "tuned": (TUNED, 64), "tuned8": (TUNED, 8)}
