@@ -210,6 +210,12 @@ class _RoutingCollector(Collector):
             value=pressure.loss_rate,
         )
         yield GaugeMetricFamily(
+            "kvroute_route_share_weight",
+            "the fair-share term's weight now, in times its full weight (share_roomy where "
+            "nothing is lost or queued, share_evicting where caches evict and nothing queues)",
+            value=core.share_weight(),
+        )
+        yield GaugeMetricFamily(
             "kvroute_route_queue_depth",
             "mean prefill backlog per worker in requests' worth, exponentially weighted",
             value=pressure.queue_depth,

@@ -250,6 +250,17 @@ class RoutingCore:
         weights = self.config.weights
         return pressure.gate(weights.pressure_knee, weights.queue_knee)
 
+    def share_weight(self) -> float:
+        """How many times its full weight the fair-share term weighs now (the policy's
+        ``roomy`` factor; ``/metrics``): ``share_roomy`` in a fleet that neither loses hits
+        nor queues, 1 under either, up to ``share_evicting`` where caches evict and
+        nothing queues."""
+        w = self.config.weights
+        roomy = w.share_roomy
+        weight = roomy + (1.0 - roomy) * self.pressure.gate(w.pressure_knee, w.queue_knee)
+        evicting = self.pressure.evicting(w.pressure_knee, w.queue_knee)
+        return weight * (1.0 + (w.share_evicting - 1.0) * evicting)
+
     def _prefilling(self, request_id: str) -> bool:
         """Whether a request may not have stored its prompt yet: in flight with no first
         token reported. Where first tokens are not reported at all (the proxy) a request

@@ -61,6 +61,9 @@ def test_completion_lands_where_the_cache_is_and_reports_the_engines_cached_toke
     reports = 'kvroute_route_hit_checks_total{via="engine_report"}'
     checks = next(ln for ln in metrics.splitlines() if ln.startswith(reports))
     assert float(checks.split()[-1]) >= 1
+    # Nothing lost and (one request at a time) next to nothing queued: about half weight.
+    weight = next(ln for ln in metrics.splitlines() if ln.startswith("kvroute_route_share_weight"))
+    assert 0.5 <= float(weight.split()[-1]) < 0.75
     assert sum(w["inflight"] for w in router.workers().values()) == 0
 
 

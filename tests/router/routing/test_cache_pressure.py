@@ -203,3 +203,14 @@ def test_the_core_spreads_harder_once_engines_report_evictions() -> None:
             core.observe_cached(600, 0)  # the engines lost the hits the index promised
         core.recent.update({"a": 1200.0, "b": 800.0})
         assert core.route("r1", [1] * 1000, scores, now=0.0).worker_id == after
+
+
+def test_the_share_weight_reads_the_gate_and_the_eviction_boost() -> None:
+    core = RoutingCore(RoutingConfig(seed=0))  # the defaults: 0.5 roomy, 2 evicting
+    assert core.share_weight() == 0.5  # nothing measured: a roomy, idle fleet
+    for _ in range(64):
+        core.observe_cached(300, 0)
+    assert core.share_weight() == 2.0  # hits lost, nothing queued
+    for _ in range(64):
+        core.pressure.queued(mean_backlog=1000.0, request_tokens=1000)
+    assert core.share_weight() == 1.0  # hits lost, but work queues: the full weight
