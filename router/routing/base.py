@@ -88,7 +88,7 @@ class PolicyWeights:
     # up (linear from no loss) while work does not queue (fading out as the queue depth
     # reaches ``queue_knee``): there the caches, not the engines' time, are what is
     # short, and a group of sessions on one worker evicts its own turns (live tight
-    # regime: 0.707-0.761 with 2 against 0.695-0.724; where work queues, the backlog
+    # regime: 0.742-0.761 with 2 against 0.695-0.724; where work queues, the backlog
     # term already spreads it and the extra weight only moved sessions).
     share_evicting: float = 2.0
     # Where the backlog leaves at first tokens, the share of the estimated progress of
@@ -188,6 +188,17 @@ def worker_load(view: WorkerView, weights: PolicyWeights) -> float:
         + weights.decode * view.inflight
         + weights.held * view.inflight_tokens
     )
+
+
+def share_weight(weights: PolicyWeights, pressure: float, evicting: float) -> float:
+    """How many times its full weight the fair-share term weighs: ``share_roomy`` where
+    the fleet neither loses hits nor queues (``pressure`` 0), 1 under either, up to
+    ``share_evicting`` where caches evict and nothing queues (``evicting`` 1)."""
+    roomy = weights.share_roomy
+    weight = roomy + (1.0 - roomy) * pressure
+    if evicting > 0:
+        weight *= 1.0 + (weights.share_evicting - 1.0) * evicting
+    return weight
 
 
 def share_prior_tokens(request: RouteInput, workers: int, weights: PolicyWeights) -> float:

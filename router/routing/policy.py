@@ -43,6 +43,7 @@ from router.routing.base import (
     discount_hot,
     pick_min,
     share_prior_tokens,
+    share_weight,
     worker_load,
 )
 
@@ -157,10 +158,7 @@ class KvAwarePolicy(Policy):
         )
         decode_w, held = weights.decode, weights.held
         sharing = weights.share > 0 and fair > 0
-        roomy = weights.share_roomy
-        share_n = weights.share * n * (roomy + (1.0 - roomy) * request.pressure)
-        if request.evicting > 0:
-            share_n *= 1.0 + (weights.share_evicting - 1.0) * request.evicting
+        share_n = weights.share * n * share_weight(weights, request.pressure, request.evicting)
         over_fair = fair + prior
         costs: list[float] = []
         append = costs.append

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from router.routing.base import share_weight
 from router.routing.inflight import DuplicateRequestError, Inflight, InflightTable, WorkerLoad
 from router.routing.policy import (
     DEFAULT_POLICY,
@@ -256,10 +257,8 @@ class RoutingCore:
         nor queues, 1 under either, up to ``share_evicting`` where caches evict and
         nothing queues."""
         w = self.config.weights
-        roomy = w.share_roomy
-        weight = roomy + (1.0 - roomy) * self.pressure.gate(w.pressure_knee, w.queue_knee)
-        evicting = self.pressure.evicting(w.pressure_knee, w.queue_knee)
-        return weight * (1.0 + (w.share_evicting - 1.0) * evicting)
+        gate = self.pressure.gate(w.pressure_knee, w.queue_knee)
+        return share_weight(w, gate, self.pressure.evicting(w.pressure_knee, w.queue_knee))
 
     def _prefilling(self, request_id: str) -> bool:
         """Whether a request may not have stored its prompt yet: in flight with no first
