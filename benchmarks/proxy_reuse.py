@@ -4,10 +4,10 @@
 
 Targets (each skipped with a message when its router is not installed):
 
-* ``kvroute`` -- ``kvroute serve`` (policy ``kv_aware``, its default) and the same router
-  with ``x-kvroute-policy: longest_prefix`` (cache only) and ``round_robin`` (reference);
-  ``--kvroute-weights JSON`` adds a second ``kvroute serve`` with those ``kv_aware``
-  weights (``KVROUTE_ROUTE_WEIGHTS``);
+* ``kvroute`` -- ``kvroute serve`` with ``kv_aware`` (its default) in a router of its own,
+  and a second one for ``x-kvroute-policy: longest_prefix`` (cache only) and
+  ``round_robin`` (reference); ``--kvroute-weights JSON`` adds a ``kv_aware`` router with
+  those weights (``KVROUTE_ROUTE_WEIGHTS``);
 * ``vllm-router kv_aware`` -- vllm-router with ``--kv-event-source`` on the engines' PUB
   sockets (and ``--kv-event-replay-source``), and ``vllm-router cache_aware``;
 * ``sglang-router cache_aware`` -- it rejects token-id prompts, so it gets the same
@@ -288,37 +288,41 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"e{i}=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},http={engines[-1]}"
             )
         kv = f"http://127.0.0.1:{ports[-1]}"
-        procs.append(start([
-            sys.executable, "-m", "router.cli", "serve", "--port", str(ports[-1]),
-            "--tokenizer", str(TOKENIZER), "--log-level", "warning",
-            *[a for s in specs for a in ("--worker", s)],
-        ], tmp / "router.log"))  # fmt: skip
-        tuned: list[Target] = []
-        for weights in args.kvroute_weights:  # a second router with other kv_aware weights
-            (port,) = free_ports(1)
-            with (tmp / f"router-{port}.log").open("wb") as log:
+
+        def kvroute(port: int, log: str, weights: str | None = None) -> None:
+            env = {**os.environ, "KVROUTE_ROUTE_WEIGHTS": weights} if weights else None
+            with (tmp / log).open("wb") as out:
                 procs.append(subprocess.Popen([
                     sys.executable, "-m", "router.cli", "serve", "--port", str(port),
                     "--tokenizer", str(TOKENIZER), "--log-level", "warning",
                     *[a for s in specs for a in ("--worker", s)],
-                ], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                   env={**os.environ, "KVROUTE_ROUTE_WEIGHTS": weights}))  # fmt: skip
-            tuned.append(Target(f"kvroute kv_aware {weights}", f"http://127.0.0.1:{port}"))
+                ], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env))  # fmt: skip
+
+        # kv_aware (with the defaults, and with each --kvroute-weights) gets a router of its
+        # own, as every peer does: the reference policies' placements would otherwise sit
+        # in its fair-share window at the start of the next run (docs/proxy.md).
+        kvroute(ports[-1], "router.log")
+        dedicated: list[Target] = []
+        for weights in [None, *args.kvroute_weights]:
+            (port,) = free_ports(1)
+            kvroute(port, f"router-{port}.log", weights)
+            name = "kvroute kv_aware" + (f" {weights}" if weights else "")
+            dedicated.append(Target(name, f"http://127.0.0.1:{port}"))
         for e in engines:
             await wait_http(f"{e}/health")
         targets = [
-            Target("kvroute kv_aware", kv),
+            dedicated[0],
             Target("kvroute longest_prefix", kv, policy="longest_prefix"),
-            *tuned,
+            *dedicated[1:],
             Target("kvroute round_robin", kv, policy="round_robin"),
         ]
         targets += start_peers(engines, pubs, replays, tmp, procs)
         targets.append(Target("pinning", ""))
-        for t in [Target("", kv), *tuned]:
+        for t in [Target("", kv), *dedicated]:
             await wait_live(t.url)
         skipped = {}
         for t in list(targets):
-            if t.url and t.url != kv and t not in tuned:
+            if t.url and t.url != kv and t not in dedicated:
                 try:
                     await wait_http(f"{t.url}/health", timeout=60)
                 except RuntimeError as exc:  # its log is in tmp
@@ -330,7 +334,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.runs):
                 rows: dict[str, Any] = {}
                 for t in targets:
-                    router = t.url if t in tuned else kv
+                    router = t.url if t in dedicated else kv
                     rows[t.name] = await measure(c, t, router, convs, encode, engines, args)
                     if t.url != router and t.url != kv:  # kvroute's estimates: kvroute only
                         for k in ("estimated_tokens", "cached_tokens", "compared"):
