@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import subprocess
@@ -290,13 +289,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         kv = f"http://127.0.0.1:{ports[-1]}"
 
         def kvroute(port: int, log: str, weights: str | None = None) -> None:
-            env = {**os.environ, "KVROUTE_ROUTE_WEIGHTS": weights} if weights else None
-            with (tmp / log).open("wb") as out:
-                procs.append(subprocess.Popen([
-                    sys.executable, "-m", "router.cli", "serve", "--port", str(port),
-                    "--tokenizer", str(TOKENIZER), "--log-level", "warning",
-                    *[a for s in specs for a in ("--worker", s)],
-                ], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env))  # fmt: skip
+            procs.append(start([
+                sys.executable, "-m", "router.cli", "serve", "--port", str(port),
+                "--tokenizer", str(TOKENIZER), "--log-level", "warning",
+                *[a for s in specs for a in ("--worker", s)],
+            ], tmp / log, {"KVROUTE_ROUTE_WEIGHTS": weights} if weights else None))  # fmt: skip
 
         # kv_aware (with the defaults, and with each --kvroute-weights) gets a router of its
         # own, as every peer does: the reference policies' placements would otherwise sit

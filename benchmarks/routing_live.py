@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import random
 import subprocess
 import sys
@@ -44,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from openai import APITimeoutError, AsyncOpenAI
 
-from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, stop_all, wait_http
+from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, start, stop_all, wait_http
 from router.netutil import free_ports
 from router.proxy.tiny_tokenizer import words
 
@@ -65,13 +64,6 @@ def conversations(args: argparse.Namespace) -> list[list[list[dict[str, str]]]]:
         ]
         out.append([[sys_msg], *turns])
     return out
-
-
-def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
 
 
 class Fleet:
