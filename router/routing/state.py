@@ -193,13 +193,11 @@ class RoutingCore:
                 )
             )
         gated = weights.share_roomy != 1.0 or weights.share_evicting != 1.0
+        if gated:
+            self._learn_pressure(keys, scores, views, n)
+        pressure, evicting = self._pressure_gates() if gated else (1.0, 0.0)
         request = RouteInput(
-            n,
-            hot,
-            self.config.prefix_block_tokens,
-            self.routed_total,
-            self._pressure(keys, scores, views, n) if gated else 1.0,
-            self.pressure.evicting(weights.pressure_knee, weights.queue_knee) if gated else 0.0,
+            n, hot, self.config.prefix_block_tokens, self.routed_total, pressure, evicting
         )
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
@@ -230,12 +228,12 @@ class RoutingCore:
             costs=choice.costs,
         )
 
-    def _pressure(
+    def _learn_pressure(
         self, keys: Sequence[int], scores: Sequence[ScoreLike], views: list[WorkerView], n: int
-    ) -> float:
-        """The share term's pressure gate, 0..1, after learning from this request: if it
-        continues an earlier one (``CachePressure.continued``), and how much prefill work
-        waits on the fleet's workers in units of its size."""
+    ) -> None:
+        """Learn from this request before routing it: whether it continues an earlier one
+        (``CachePressure.continued``), and how much prefill work waits on the fleet's
+        workers in units of its size."""
         pressure = self.pressure
         if keys:
 
@@ -248,17 +246,22 @@ class RoutingCore:
             key_tokens = self.config.prefix_block_tokens
             pressure.continued(keys, key_tokens, hit_on, self._prefilling)
         pressure.queued(sum([v.prefill_backlog for v in views]) / len(views), n)
-        weights = self.config.weights
-        return pressure.gate(weights.pressure_knee, weights.queue_knee)
+
+    def _pressure_gates(self) -> tuple[float, float]:
+        """The share term's two gates now, each 0..1 (``RouteInput.pressure`` and
+        ``RouteInput.evicting``)."""
+        w, pressure = self.config.weights, self.pressure
+        return (
+            pressure.gate(w.pressure_knee, w.queue_knee),
+            pressure.evicting(w.pressure_knee, w.queue_knee),
+        )
 
     def share_weight(self) -> float:
         """How many times its full weight the fair-share term weighs now (the policy's
         ``roomy`` factor; ``/metrics``): ``share_roomy`` in a fleet that neither loses hits
         nor queues, 1 under either, up to ``share_evicting`` where caches evict and
         nothing queues."""
-        w = self.config.weights
-        gate = self.pressure.gate(w.pressure_knee, w.queue_knee)
-        return share_weight(w, gate, self.pressure.evicting(w.pressure_knee, w.queue_knee))
+        return share_weight(self.config.weights, *self._pressure_gates())
 
     def _prefilling(self, request_id: str) -> bool:
         """Whether a request may not have stored its prompt yet: in flight with no first
@@ -272,7 +275,7 @@ class RoutingCore:
 
     def observe_cached(self, hit_tokens: int, cached_tokens: int) -> None:
         """The engine reported ``cached_tokens`` for a request routed with ``hit_tokens``
-        cached per the index: the cache-pressure sample behind ``share_roomy``."""
+        cached per the index: a cache-pressure sample (the share term's weight)."""
         self.pressure.reported(hit_tokens, cached_tokens)
 
     def _head_progress(self, worker_id: str, now: float) -> float:
