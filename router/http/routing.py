@@ -246,6 +246,13 @@ def install(app: FastAPI, service: RouterService) -> None:
         collector = _RoutingCollector(core)
         service.metrics.registry.register(collector)
         service._routing_collector = collector  # type: ignore[attr-defined]
+        # An engine's cache reset reaches whichever core is current (reset_routing
+        # replaces it): its share of recent requests is forgotten.
+        service.ingestor.on_clear.append(
+            lambda worker_id: service.routing.caches_cleared(  # type: ignore[attr-defined]
+                worker_id, service.worker_ids()
+            )
+        )
 
     async def expire_loop() -> None:
         # Lazy expiry runs on every route/finish; this also frees load when idle.

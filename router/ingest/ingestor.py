@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -41,6 +41,7 @@ from router.index.base import (
     WorkerState,
 )
 from router.ingest.block_keys import compact_keys
+from router.ingest.clears import ClearLog, ClearMark
 from router.ingest.counters import IngestCounters
 from router.ingest.fast_path import first_apart, plan_simple
 from router.ingest.key_planner import Keyed, KeyPlanner
@@ -95,6 +96,10 @@ class Ingestor:
         self._partials: dict[str, PendingPartials] = {}  # partial entries not keyed yet
         self._waiting = register(index, self._partials)  # scorers look them up
         self._recomputes: dict[str, RecomputeLog] = {}  # report_full workers only
+        # Called with the worker id once the index took an AllBlocksCleared of that
+        # worker: the engine's cache was reset (not on a resync; router.ingest.clears).
+        self.on_clear: list[Callable[[str], None]] = []
+        self._clears = ClearLog()
 
     # -- worker lifecycle -------------------------------------------------------------
 
@@ -142,6 +147,7 @@ class Ingestor:
         self._recent.pop(worker_id, None)
         self._pending(worker_id).clear()
         self._recomputes.pop(worker_id, None)
+        self._clears.forget(worker_id)
         await self.index.remove_worker(worker_id)
 
     async def worker_groups(self, worker_id: str) -> dict[int, GroupInfo]:
@@ -224,6 +230,7 @@ class Ingestor:
         carried: dict[str, dict[EngineHash, BlockKey]] = {}
         # Per worker, what earlier batches of this call changed (not yet in the index).
         unwritten: dict[str, Unwritten] = {}
+        cleared: list[tuple[str, ClearMark]] = []
         for item in items:
             worker_id, batch = item[0], item[1]
             marks = item[2] if len(item) > 2 else ()
@@ -232,7 +239,7 @@ class Ingestor:
             state = await self._state(worker_id)
             self.counters.batches += 1
             for piece, piece_marks in first_apart(state, batch, marks):
-                groups, ops = await self._plan(worker_id, piece, known, piece_marks, delta)
+                groups, ops = await self._plan(worker_id, piece, known, piece_marks, delta, cleared)
                 if ops:
                     plans.append((worker_id, groups, ops))
         if not plans:
@@ -244,6 +251,8 @@ class Ingestor:
             c.blocks_removed += result.removed
             c.blocks_removed_missing += result.removed_missing
             c.batches_skipped += result.skipped_batches
+        if cleared:
+            self._clears.report(self.on_clear, cleared)
 
     def _kind(self, state: WorkerState, ev: BlockStored) -> str:
         if ev.kv_cache_spec_kind:
@@ -256,10 +265,12 @@ class Ingestor:
         worker_id: str,
         batch: KVEventBatch,
         known: dict[EngineHash, BlockKey],
-        marks: Sequence[SeqMark] = (),
-        delta: Unwritten | None = None,
+        marks: Sequence[SeqMark],
+        delta: Unwritten,
+        cleared: list[tuple[str, ClearMark]],
     ) -> tuple[dict[int, GroupMeta], list[Op]]:
-        """A batch as keyed operations; ``known`` carries mappings between batches."""
+        """A batch as keyed operations; ``known`` carries mappings between batches, and
+        ``cleared`` gets the batch's AllBlocksCleared events (the worker, their marks)."""
         state = await self._state(worker_id)
         before = (dict(state.groups), state.hash_mode, state.hash_unit)
         ops: list[Op] = []
@@ -274,7 +285,10 @@ class Ingestor:
             await resolve_parents(
                 self.index, worker_id, state, batch, known, self.default_block_size
             )
-            await self._general(worker_id, state, batch, known, marks, delta, pend, recent, ops)
+            clears = await self._general(
+                worker_id, state, batch, known, marks, delta, pend, recent, ops
+            )
+            cleared += [(worker_id, m) for m in clears]
         if (state.groups, state.hash_mode, state.hash_unit) != before:
             await self.index.save_worker(worker_id, state)
         return dict(state.groups), ops
@@ -290,8 +304,9 @@ class Ingestor:
         pend: PendingPartials,
         recent: deque[tuple[Any, Sequence[BlockKey]]],
         ops: list[Op],
-    ) -> None:
-        """Any batch: keys by ``KeyPlanner``, then the operations in event order."""
+    ) -> list[ClearMark]:
+        """Any batch: keys by ``KeyPlanner``, then the operations in event order; the
+        marks of its AllBlocksCleared events."""
         c = self.counters
         planner = KeyPlanner(state, batch, known, self.default_block_size, recent)
         if state.settings.report_full:
@@ -310,9 +325,12 @@ class Ingestor:
         recent.extend((t, compact_keys(u)) for t, u, here in planner.ranges if here)
 
         pending = list(reversed(marks))
+        mark: ClearMark = None
+        clears: list[ClearMark] = []
         for i, ev in enumerate(batch.events):
             while pending and pending[-1][0] <= i:
-                ops.append(SeqOp(*pending.pop()[1:]))
+                mark = pending.pop()[1:]
+                ops.append(SeqOp(*mark))
             ops += fixes.get(i, ())  # copies a recompute was denied (router.ingest.recomputes)
             if isinstance(ev, BlockStored):
                 c.events_stored += 1
@@ -332,6 +350,7 @@ class Ingestor:
             elif isinstance(ev, AllBlocksCleared):
                 c.events_cleared += 1
                 ops.append(ClearOp())
+                clears.append(mark)
                 pend.clear()
                 state.hash_mode = "unknown"
             else:
@@ -340,6 +359,7 @@ class Ingestor:
         pend.place(planner, known)
         ops += pend.ready(known)
         ops += [SeqOp(*m[1:]) for m in reversed(pending)]  # batches with no events
+        return clears
 
     def _store(
         self,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -116,8 +116,12 @@ class RoutingCore:
         self._policies: dict[str, Policy] = {}
         # Prompt tokens routed per worker, decayed per routed request (the share term).
         self.recent: dict[str, float] = {}
+        # Workers whose caches were reset since the last routed request (caches_cleared).
+        self._cleared: set[str] = set()
         # Plain counters; the API exports them as Prometheus metrics at scrape time.
         self.routed: Counter[str] = Counter()
+        # Requests routed since start or the last fleet-wide cache reset: the share
+        # prior's warm-up (not exported; ``routed`` is the metric).
         self.routed_total = 0
         self.finished = 0
 
@@ -214,6 +218,8 @@ class RoutingCore:
                 self.pressure.remember(keys, request_id, chosen.worker_id)
         self.routed[chooser.name] += 1
         self.routed_total += 1
+        if self._cleared:
+            self._cleared.clear()
         return Decision(
             request_id=request_id,
             worker_id=chosen.worker_id,
@@ -305,6 +311,22 @@ class RoutingCore:
         for w in self.recent:
             self.recent[w] *= keep
         self.recent[worker_id] = self.recent.get(worker_id, 0.0) + tokens
+
+    def caches_cleared(self, worker_id: str, fleet: Iterable[str] | None = None) -> None:
+        """The worker's engine reset its prefix cache (``AllBlocksCleared``). Its recent
+        tokens go to 0, as for a newly added worker: what was routed there is no cached
+        prefix any more, so a burst a cache-blind policy piled on it must not steer the
+        next requests away from an engine that holds nothing. Once every worker in the
+        window was cleared with nothing routed since the first of those clears (a
+        fleet-wide reset), the share prior's warm-up restarts too: the fleet is as cold
+        as a new router's. In-flight load, predictions and cache pressure stay. ``fleet``:
+        the workers registered now (default: those in the window, which keeps workers
+        removed since)."""
+        if worker_id in self.recent:
+            self.recent[worker_id] = 0.0
+        self._cleared.add(worker_id)
+        if self._cleared.issuperset(self.recent if fleet is None else fleet):
+            self.routed_total = 0
 
     def first_token(self, request_id: str, now: float | None = None) -> bool:
         """The engine streamed the request's first token: its prefill leaves the backlog

@@ -18,6 +18,7 @@ from offload_core.kv_cache import KVCacheManager
 from publisher.zmq_publisher import ZmqEventPublisher
 from router.config import RouterSettings, WorkerSpec
 from router.http.app import create_app
+from router.http.routing import reset_routing
 from router.service import RouterService
 from schemas import KVEventBatch
 from schemas.hit_rule import GroupSpec
@@ -201,3 +202,29 @@ async def test_route_settings_pick_the_default_policy_and_weights() -> None:
         assert core.config.weights.decode == 7.0 and core.inflight.ttl == 30.0
         assert service.recent_routes[-1]["policy"] == "least_loaded"
         assert r.json()["candidates"][0]["load"] == 0.0  # the load before this request
+
+
+async def test_an_engine_cache_reset_ends_its_share_of_recent_requests(env: Env) -> None:
+    # The listener reaches the current core: reset_routing replaces it (kvroute demo).
+    core = reset_routing(env.service)
+    prefix = list(range(5000, 5000 + 4 * BS))
+    await cache_on(env, "a", prefix)
+    for i in range(4):  # a cache-blind burst onto a
+        r = await route(env, [*prefix, i], policy="longest_prefix")
+        assert r.json()["worker_id"] == "a"
+    assert (await route(env, [7] * 40, workers=["b"])).json()["worker_id"] == "b"
+    b_share = core.recent["b"]
+    assert core.recent["a"] > b_share > 0 and core.routed_total == 5
+    # Engine a resets its prefix cache (vLLM's /reset_prefix_cache) and publishes it.
+    a = env.workers["a"]
+    assert a.kv.reset()
+    a.pub.publish(KVEventBatch(ts=time.time(), events=a.kv.pool.take_events()))
+    await wait_until(lambda: core.recent["a"] == 0.0, what="a's share forgotten")
+    assert core.recent["b"] == b_share and core.routed_total == 5  # b still holds its part
+    # Then b: every engine reset with nothing routed since, the warm-up starts over.
+    b = env.workers["b"]
+    assert b.kv.reset()
+    b.pub.publish(KVEventBatch(ts=time.time(), events=b.kv.pool.take_events()))
+    await wait_until(lambda: core.recent["b"] == 0.0, what="b's share forgotten")
+    assert core.routed_total == 0
+    assert env.service.ingestor.counters.events_cleared == 2
