@@ -9,6 +9,15 @@
         benchmarks/results/routing_grid_mooncake_seed1.json \
         benchmarks/results/routing_grid_mooncake_seed2.json
 
+Or, since ``kv_aware`` does not tie (its costs are continuous) and so never moves with
+that seed: every policy's engines 0.1% faster or slower (alternating, so the fleet's
+capacity and the arrival scaling stay the same), which perturbs every policy's history:
+
+    for sp in 1.001,0.999 0.999,1.001; do .venv/bin/python benchmarks/routing_grid.py \
+        --workloads mooncake --policies kv_aware,dynamo,sglang,sglang_smg,llmd \
+        --reuse benchmarks/results/routing_grid_mooncake.json --extra "--worker-speeds $sp" \
+        --out benchmarks/results/routing_grid_mooncake_speeds_${sp/,/_}.json; done
+
 The seed is the router's tie-break stream (and the trace's token contents, which do not
 change what is shared). Anchors that score in whole blocks tie often, so their results
 move with it; a single run's lead of a few tenths of a point may be one seed's luck.
