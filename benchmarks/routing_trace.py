@@ -36,8 +36,9 @@ from router.routing.base import RouteInput, discount_hot, share_prior_tokens  # 
 from router.routing.state import Decision, RoutingCore  # noqa: E402
 
 
-def _terms(d: Decision, i: int, w: Any, routed: int) -> dict[str, float]:
-    """kv_aware's cost of worker ``i`` split into its terms (policy.py's formula)."""
+def _terms(d: Decision, i: int, w: Any, routed: int, share_x: float) -> dict[str, float]:
+    """kv_aware's cost of worker ``i`` split into its terms (policy.py's formula);
+    ``share_x``: the share term's weight at that decision (``RoutingCore.share_weight``)."""
     v = d.views[i]
     n = d.request_tokens
     aff = discount_hot(max(v.score, float(v.predicted_tokens)), d.hot_tokens, w.hot_discount)
@@ -45,7 +46,7 @@ def _terms(d: Decision, i: int, w: Any, routed: int) -> dict[str, float]:
     share = 0.0
     if w.share > 0 and fair > 0:
         prior = share_prior_tokens(RouteInput(n, routed=routed), len(d.views), w)
-        share = w.share * n * (v.recent_tokens - fair) / (fair + prior)
+        share = w.share * share_x * n * (v.recent_tokens - fair) / (fair + prior)
     speed = v.speed if v.speed > 0 else 1.0
     backlog = w.backlog_large if 0 < w.large_tokens <= n else w.backlog
     return {
@@ -106,7 +107,9 @@ def main() -> int:
         }
         if d.policy == "kv_aware" and row["moved"]:
             routed = self.routed_total - 1
-            tc, tb = _terms(d, chosen, weights, routed), _terms(d, best, weights, routed)
+            # The gates the policy used: routing changed nothing they read since.
+            x = self.share_weight()
+            tc, tb = _terms(d, chosen, weights, routed, x), _terms(d, best, weights, routed, x)
             row["diff"] = {k: round(tb[k] - tc[k], 1) for k in tc}
         rows.append(row)
         by_id[(id(self), d.request_id)] = row
