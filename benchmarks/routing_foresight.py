@@ -65,19 +65,19 @@ def main() -> int:
         alive = len(gaps) - below + never
         return (bisect.bisect_right(gaps, age + a.horizon) - below) / alive
 
-    last: dict[str, tuple[str, float, int]] = {}  # session -> (worker, time, request index)
+    last: dict[str, tuple[str, float]] = {}  # session -> (worker, time) of its last turn
     now: dict[str, Any] = {}
     route, costs = RoutingCore.route, policy.KvAwarePolicy.costs
 
     def hooked_route(self: RoutingCore, rid: str, *pa: Any, **kw: Any) -> Any:
         now.update(rid=rid, t=kw.get("now"))
         d = route(self, rid, *pa, **kw)
-        last[reqs[index[rid]].session_id] = (d.worker_id, kw.get("now") or 0.0, index[rid])
+        last[reqs[index[rid]].session_id] = (d.worker_id, kw.get("now") or 0.0)
         return d
 
     def returns(t: float, me: int) -> dict[str, float]:
         out: dict[str, float] = {}
-        for session, (worker, then, _) in last.items():
+        for session, (worker, then) in last.items():
             if a.hazard:
                 out[worker] = out.get(worker, 0.0) + p_return(t - then)
                 continue
