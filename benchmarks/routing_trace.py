@@ -67,11 +67,12 @@ def main() -> int:
     ap.add_argument("--policies", default="kv_aware,llmd")
     ap.add_argument("--weights", default="")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--extra", default="", help="engine arguments, space separated")
     a = ap.parse_args()
     wl = WORKLOADS[a.workload]
     argv = ["routing", *wl["args"], *wl[a.split], "--engine-model", "charged"]
     argv += ["--workers", str(a.workers), "--gpu-blocks", str(wl["cache"][a.cache])]
-    argv += ["--load", str(a.load)]
+    argv += ["--load", str(a.load), *a.extra.split()]
     if a.weights:
         argv += ["--weights", a.weights]
     for p in a.policies.split(","):

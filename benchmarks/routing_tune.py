@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/routing_tune.py --variants 'base:' 'b05:backlog=0.5' \
         [--workers 8,32] [--jobs 2] [--anchors benchmarks/results/routing_tune_anchors.json]
+        [--extra '--long-prefill-threshold 4096' --anchors ANOTHER.json]
 
 The anchors do not depend on ``kv_aware``'s weights (every fleet is simulated on its own),
 so their results per tuning cell are computed once and cached in ``--anchors``; each
@@ -30,12 +31,12 @@ from router.bench.commands import build_parser, run_bench  # noqa: E402
 Key = tuple[str, int, str, float]
 
 
-def _run(key: Key, policies: tuple[str, ...], weights: str) -> dict[str, Any]:
+def _run(key: Key, policies: tuple[str, ...], weights: str, extra: list[str]) -> dict[str, Any]:
     workload, n, cache, load = key
     w = WORKLOADS[workload]
     argv = ["routing", *w["args"], *w["tune"], "--engine-model", "charged"]
     argv += ["--workers", str(n), "--gpu-blocks", str(w["cache"][cache])]
-    argv += ["--load", str(load), "--jobs", "1"]
+    argv += ["--load", str(load), "--jobs", "1", *extra]
     if weights:
         argv += ["--weights", weights]
     for p in policies:
@@ -57,6 +58,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--anchors", default=str(ROOT / "benchmarks/results/routing_tune_anchors.json"))
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument(
+        "--extra",
+        default="",
+        help="engine arguments for every fleet, e.g. '--long-prefill-threshold 4096' "
+        "(give the anchors their own --anchors file)",
+    )
     args = ap.parse_args()
     keys: list[Key] = list(
         itertools.product(
@@ -70,10 +77,11 @@ def main() -> int:
     anchors: dict[str, Any] = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     missing = [k for k in keys if _name(k) not in anchors]
     variants = [v.partition(":")[::2] for v in args.variants]
+    extra = args.extra.split()
     with ProcessPoolExecutor(args.jobs) as pool:
-        futs = {_name(k): pool.submit(_run, k, ANCHORS, "") for k in missing}
+        futs = {_name(k): pool.submit(_run, k, ANCHORS, "", extra) for k in missing}
         runs = {
-            (name, _name(k)): pool.submit(_run, k, ("kv_aware",), weights)
+            (name, _name(k)): pool.submit(_run, k, ("kv_aware",), weights, extra)
             for name, weights in variants
             for k in keys
         }

@@ -56,6 +56,10 @@ class ChargedModel:
     seq_s: float = 2.0e-5
     max_batched_tokens: int = 8192
     max_seqs: int = 256
+    # vLLM's ``--long-prefill-token-threshold`` (0, its default, is off): no request
+    # prefills more than this many tokens in a step while another request is running or
+    # waiting, so a long prompt in chunked prefill leaves budget to the queue behind it.
+    long_prefill_token_threshold: int = 0
 
     @property
     def prefill_tps(self) -> float:
@@ -118,7 +122,15 @@ class ChargedEngine:
             cached_blocks=pool.num_cached_blocks,
         )
 
-    def _admit(self, notes: EngineNotes, budget: int) -> list[tuple[_Seq, int]]:
+    def _chunk_cap(self) -> int:
+        """Most prefill tokens one request gets this step (vLLM counts running + waiting
+        at the start of the step; a request alone is never capped)."""
+        cap = self.m.long_prefill_token_threshold
+        if cap > 0 and len(self.running) + len(self.waiting) > 1:
+            return cap
+        return self.m.max_batched_tokens
+
+    def _admit(self, notes: EngineNotes, budget: int, cap: int) -> list[tuple[_Seq, int]]:
         chunks: list[tuple[_Seq, int]] = []
         while self.waiting and budget > 0 and len(self.running) < self.m.max_seqs:
             w = self.waiting[0]
@@ -139,7 +151,7 @@ class ChargedEngine:
             notes.admitted.append((w.rid, hit))
             seq = _Seq(w.rid, w.arrival, n, hit, w.out - 1, w.out, plan)
             self.running.append(seq)
-            chunk = min(n - hit, budget)
+            chunk = min(n - hit, budget, cap)
             budget -= chunk
             chunks.append((seq, chunk))
         return chunks
@@ -150,13 +162,14 @@ class ChargedEngine:
         while (self.running or self.waiting) and self.clock <= until:
             decode = [s for s in self.running if s.done >= s.n]
             budget = m.max_batched_tokens - len(decode)
+            cap = self._chunk_cap()
             chunks: list[tuple[_Seq, int]] = []
             for s in self.running:
                 if s.done < s.n and budget > 0:
-                    c = min(s.n - s.done, budget)
+                    c = min(s.n - s.done, budget, cap)
                     budget -= c
                     chunks.append((s, c))
-            chunks += self._admit(notes, budget)
+            chunks += self._admit(notes, budget, cap)
             ctx = sum(s.n + (s.out - 1 - s.out_left) for s in decode)
             base = m.step_s + len(decode) * m.seq_s + ctx * m.kv_read_s
             if not chunks:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from offload_core.groups import parse_groups
+from router.bench.charged import ChargedModel
 from router.bench.sim import CostModel
 from router.bench.trace_replay import (
     FleetSpec,
@@ -88,6 +89,9 @@ def _common(p: argparse.ArgumentParser, groups: str) -> None:
                    help="simple: one prefill at a time, free decode (the original figures); "
                    "charged: continuous batching, held blocks, learned speeds "
                    "(docs/routing.md)")  # fmt: skip
+    p.add_argument("--long-prefill-threshold", type=int, default=0,
+                   help="charged engines: vLLM's --long-prefill-token-threshold "
+                   "(0: off, vLLM's default)")  # fmt: skip
     p.add_argument("--worker-speeds", type=parse_floats, default=(),
                    help="per-worker speed factors, cycled (charged), e.g. 1,1,0.5")  # fmt: skip
     p.add_argument("--load", type=float, default=None,
@@ -138,6 +142,7 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
         routing=routing,
         cost=CostModel(args.prefill_tps, args.decode_s_per_token),
         engine_model=args.engine_model,
+        charged=ChargedModel(long_prefill_token_threshold=args.long_prefill_threshold),
         worker_speeds=tuple(args.worker_speeds),
         hash_algo=args.hash_algo,
         event_delay_s=args.event_delay,

@@ -115,6 +115,12 @@ class PolicyWeights:
     ttft_share: float = 1.0
     escape: float = 0.0
     escape_floor: float = 0.0
+    # The engines' ``--long-prefill-token-threshold`` (vLLM; 0: they do not cap). An
+    # engine that caps each prefill at this many tokens a step while others wait serves
+    # a short request beside a long prompt instead of after it: a request that must
+    # prefill ``u`` tokens waits behind each prefill ahead of it for at most
+    # ``max(u, prefill_cap)`` of its tokens, not for all of them.
+    prefill_cap: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -155,6 +161,9 @@ class WorkerView:
     # Prompt tokens routed to the worker recently (exponentially decayed; the share term).
     recent_tokens: float = 0.0
     engine: EngineStats = field(default_factory=EngineStats)
+    # Uncached tokens of each request in prefill on the worker, in dispatch order (only
+    # filled where ``PolicyWeights.prefill_cap`` is set: nothing else reads it).
+    prefilling: Sequence[float] = ()
 
 
 @dataclass(frozen=True, slots=True)

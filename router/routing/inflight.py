@@ -150,6 +150,19 @@ class InflightTable:
             queue.popleft()
         return None
 
+    def prefilling_tokens(self, worker_id: str) -> list[float]:
+        """Uncached tokens of each request still in prefill on ``worker_id``, oldest
+        first (requests whose first token was reported are gone)."""
+        queue = self._prefilling.get(worker_id)
+        if not queue:
+            return []
+        items = self._items
+        return [
+            it.prefill_tokens
+            for it in queue
+            if it.prefill_tokens > 0 and items.get(it.request_id) is it
+        ]
+
     def expire(self, now: float) -> int:
         """Drop every request whose deadline has passed; returns how many."""
         n = 0

@@ -171,6 +171,7 @@ class KvAwarePolicy(Policy):
             or weights.escape_floor > 0
         )
         ttft_share = weights.ttft_share
+        chunk = weights.prefill_cap
         ttfts: list[float] = []  # expected TTFT, in tokens at the nominal speed
         extras: list[float] = []  # the held and share terms
         best_hit = 0.0
@@ -188,20 +189,35 @@ class KvAwarePolicy(Policy):
             if ctx > 0:  # attention over the context: long prompts cost super-linearly
                 miss *= 1.0 + (affinity + miss / 2) / ctx
             speed = view.speed if view.speed > 0 else 1.0
-            queue = backlog_w * view.prefill_backlog
+            waits = view.prefill_backlog
+            if chunk > 0 and waits > 0:
+                waits = _capped_wait(view, miss, chunk)
+            queue = backlog_w * waits
             if over > 0:  # a backlog past the knee (a long prompt) repels
-                queue += over * max(0.0, view.prefill_backlog - knee)
+                queue += over * max(0.0, waits - knee)
             decode = decode_w * view.inflight + held * view.inflight_tokens
             shared = share_n * ((view.recent_tokens - fair) / over_fair) if sharing else 0.0
             append((prefill * miss + queue) / speed + (decode + shared))
             if timed:
-                ttfts.append((miss + view.prefill_backlog) / speed)
+                ttfts.append((miss + waits) / speed)
                 extras.append(decode + ttft_share * shared)
                 if affinity > best_hit:
                     best_hit = affinity
         if timed:
             return _timed(costs, ttfts, extras, best_hit, n, weights)
         return costs
+
+
+def _capped_wait(view: WorkerView, miss: float, chunk: float) -> float:
+    """The backlog a request that must prefill ``miss`` tokens waits behind where engines
+    cap each prefill at ``chunk`` tokens a step: of each prefill ahead of it, what that
+    one gets while this one runs (at most ``max(miss, chunk)``), never more than the
+    backlog itself."""
+    c = miss if miss > chunk else chunk
+    waits = 0.0
+    for r in view.prefilling:
+        waits += r if r < c else c
+    return waits if waits < view.prefill_backlog else view.prefill_backlog
 
 
 def _timed(

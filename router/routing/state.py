@@ -170,6 +170,8 @@ class RoutingCore:
         loads = self.inflight.loads_for(ids, now)
         # Head progress is 0 unless enabled and the backlog leaves at first tokens.
         progress = self._head_progress if self._head_progress_on() else None
+        capped = weights.prefill_cap > 0
+        prefilling = self.inflight.prefilling_tokens
         recent = self.recent
         views = []
         # Positional arguments, in WorkerView's field order: 64 views a request at 64
@@ -194,6 +196,7 @@ class RoutingCore:
                     speeds[w],
                     recent.get(w, 0.0),
                     engines.get(w, unknown) if engines else unknown,
+                    prefilling(w) if capped and load.requests else (),
                 )
             )
         gated = weights.share_roomy != 1.0 or weights.share_evicting != 1.0

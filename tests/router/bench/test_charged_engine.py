@@ -100,6 +100,44 @@ def test_fast_forward_stops_at_the_next_arrival() -> None:
     assert first["b"] == 51.0 + 1 + 10  # joined the step after its arrival
 
 
+def test_long_prefill_threshold_lets_a_cached_turn_past_a_long_prefill() -> None:
+    """vLLM's --long-prefill-token-threshold: a long prompt in chunked prefill takes at
+    most the threshold per step while anything else is running or waiting."""
+
+    def first_tokens(threshold: int) -> dict[str, float]:
+        model = ChargedModel(
+            step_s=1.0, prefill_token_s=1.0, attn_s=0.0, kv_read_s=0.0, seq_s=0.0,
+            max_batched_tokens=64, long_prefill_token_threshold=threshold,
+        )  # fmt: skip
+        e = engine(blocks=256, model=model)
+        submit(e, "long", 0.0, list(range(1000)), out=1)
+        notes = EngineNotes()
+        e.run_until(0.5, notes)  # the long prompt's first chunk is under way
+        submit(e, "turn", 0.5, list(range(5000, 5010)), out=1)
+        e.run_until(float("inf"), notes)
+        return {rid: ttft for _, rid, ttft in notes.first_tokens}
+
+    # Off (vLLM's default): the turn waits for the whole long prefill (16 steps of 64).
+    off = first_tokens(0)
+    assert off["turn"] > off["long"] - 1
+    # 32: the long prompt takes 32 tokens a step, the turn's 10 go in the next step.
+    on = first_tokens(32)
+    assert on["turn"] == pytest.approx(1 + 64 + 1 + 32 + 10 - 0.5)
+    assert on["long"] > off["long"]  # the long prompt pays for it
+
+
+def test_long_prefill_threshold_does_not_cap_a_request_alone() -> None:
+    model = ChargedModel(
+        step_s=1.0, prefill_token_s=1.0, attn_s=0.0, kv_read_s=0.0, seq_s=0.0,
+        max_batched_tokens=64, long_prefill_token_threshold=16,
+    )  # fmt: skip
+    e = engine(model=model)
+    submit(e, "a", 0.0, list(range(100)), out=1)
+    notes = EngineNotes()
+    e.run_until(float("inf"), notes)
+    assert notes.first_tokens == [(102.0, "a", 102.0)]  # as without the threshold
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     assert main([*argv, "--trace", str(TRACE), "--json"]) == 0
     return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
@@ -108,10 +146,12 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 def test_bench_charged_with_the_anchors(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["routing", "--limit", "150", "--workers", "4", "--jobs", "1"]
     argv += ["--engine-model", "charged", "--load", "0.8", "--worker-speeds", "1,0.5"]
+    argv += ["--long-prefill-threshold", "2048"]
     for p in ("kv_aware", "dynamo", "sglang", "sglang_smg", "llmd"):
         argv += ["--policy", p]
     result = run(capsys, *argv)
     assert result["config"]["engine_model"] == "charged"
+    assert result["config"]["charged"]["long_prefill_token_threshold"] == 2048
     assert "load 0.8" in result["config"]["workload"]
     bounds = result["bounds"]
     for name, m in result["policies"].items():
