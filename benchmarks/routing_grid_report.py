@@ -1,6 +1,10 @@
 """Tables and plots of the routing grid (benchmarks/routing_grid.py's JSON output).
 
     .venv/bin/python benchmarks/routing_grid_report.py benchmarks/results/routing_grid_*.json
+    # a variant grid (engines capping long prefills), its plots beside the default ones:
+    .venv/bin/python benchmarks/routing_grid_report.py --suffix _lp4096 \
+        --note "engines cap prefills at 4096 tokens a step" \
+        benchmarks/results/routing_grid_{mooncake,synthetic}_lp4096_cap.json
 
 Prints the markdown table docs/routing.md quotes and writes one PNG per regime (cache x
 load) to docs/routing_<cache>_<load>.png: hit rate and TTFT p99 against N per workload.
@@ -8,6 +12,7 @@ load) to docs/routing_<cache>_<load>.png: hit rate and TTFT p99 against N per wo
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -72,7 +77,9 @@ def summary(cells: list[dict[str, Any]]) -> str:
     )
 
 
-def plots(cells: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+def plots(
+    cells: list[dict[str, Any]], out_dir: Path, suffix: str = "", note: str = ""
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,9 +112,12 @@ def plots(cells: list[dict[str, Any]], out_dir: Path) -> list[Path]:
                     ax.set_xticks(ns, [str(n) for n in ns])
                     ax.set_xlabel("workers")
             axes[0, 0].legend(fontsize=7)
-            fig.suptitle(f"charged engine model, {cache} cache, load {load_:g} (held-out data)")
+            extra = f", {note}" if note else ""
+            fig.suptitle(
+                f"charged engine model{extra}, {cache} cache, load {load_:g} (held-out data)"
+            )
             fig.tight_layout()
-            path = out_dir / f"routing_{cache}_{load_:g}.png"
+            path = out_dir / f"routing_{cache}_{load_:g}{suffix}.png"
             fig.savefig(path, dpi=90)
             plt.close(fig)
             written.append(path)
@@ -115,11 +125,16 @@ def plots(cells: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
 
 def main() -> int:
-    cells = load(sys.argv[1:])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("paths", nargs="+", help="routing_grid.py JSON files")
+    ap.add_argument("--suffix", default="", help="appended to each plot's file name")
+    ap.add_argument("--note", default="", help="added to each plot's title")
+    a = ap.parse_args()
+    cells = load(a.paths)
     print(table(cells))
     print()
     print(summary(cells))
-    for p in plots(cells, ROOT / "docs"):
+    for p in plots(cells, ROOT / "docs", a.suffix, a.note):
         print(f"wrote {p.relative_to(ROOT)}", file=sys.stderr)
     return 0
 

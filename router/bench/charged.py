@@ -12,6 +12,9 @@ blocks released at admission) with a vLLM-V1-style engine per worker:
 * step time = ``step_s`` + prefill tokens x ``prefill_token_s`` + chunk attention
   (token x context) x ``attn_s`` + decode sequences x ``seq_s`` + decode context tokens
   x ``kv_read_s``, divided by the worker's speed (heterogeneous fleets);
+* optionally vLLM's ``--long-prefill-token-threshold`` (``long_prefill_token_threshold``,
+  off by default as in vLLM): while more than one request is running or waiting, no
+  request prefills more than that many tokens in a step;
 * the router hears a request's first token (prefill over) and its finish, and learns each
   worker's speed from them (``router.routing.speed``); nothing is given to it.
 
