@@ -12,6 +12,8 @@ prefill work::
     affinity_w = hot-prefix discount(affinity_w)  # see ``discount_hot``
     cost_w = prefill * (request_tokens - affinity_w)
            + backlog * prefill_backlog_w          # uncached tokens not prefilled yet
+                                                  # (one chunk per prefill ahead where
+                                                  #  engines cap prefills: prefill_cap)
            + decode * inflight_w                  # decode slots, in token equivalents
            + held * inflight_tokens_w             # KV held by running requests
            + share * roomy * request_tokens * (recent_w - mean(recent))
