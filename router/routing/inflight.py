@@ -114,6 +114,7 @@ class InflightTable:
         item = self._items.pop(request_id, None)
         if item is None:
             return None
+        self._prune(item.worker_id)
         load = self._loads[item.worker_id]
         load.requests -= 1
         if load.requests == 0:
@@ -137,31 +138,38 @@ class InflightTable:
         load = self._loads[item.worker_id]
         load.prefill_backlog = max(0.0, load.prefill_backlog - item.prefill_tokens)
         item.prefill_tokens = 0.0
+        self._prune(item.worker_id)
         return item
+
+    def _in_prefill(self, item: Inflight) -> bool:
+        return item.prefill_tokens > 0 and self._items.get(item.request_id) is item
+
+    def _prune(self, worker_id: str) -> deque[Inflight] | None:
+        """The worker's prefill queue without the requests at its head that are no longer
+        in prefill (first token seen, finished, expired), or None once it is empty. Run on
+        every first token and finish, so the queue holds no more than the requests
+        dispatched since the oldest one still in prefill (engines prefill FCFS)."""
+        queue = self._prefilling.get(worker_id)
+        if queue is None:
+            return None
+        while queue and not self._in_prefill(queue[0]):
+            queue.popleft()
+        if not queue:
+            del self._prefilling[worker_id]
+            return None
+        return queue
 
     def prefill_head(self, worker_id: str) -> Inflight | None:
         """The oldest request still in prefill on ``worker_id`` (engines admit FCFS, so it
         is the one being prefilled now), or None."""
-        queue = self._prefilling.get(worker_id)
-        while queue:
-            item = queue[0]
-            if item.prefill_tokens > 0 and self._items.get(item.request_id) is item:
-                return item
-            queue.popleft()
-        return None
+        queue = self._prune(worker_id)
+        return queue[0] if queue else None
 
     def prefilling_tokens(self, worker_id: str) -> list[float]:
         """Uncached tokens of each request still in prefill on ``worker_id``, oldest
         first (requests whose first token was reported are gone)."""
-        queue = self._prefilling.get(worker_id)
-        if not queue:
-            return []
-        items = self._items
-        return [
-            it.prefill_tokens
-            for it in queue
-            if it.prefill_tokens > 0 and items.get(it.request_id) is it
-        ]
+        queue = self._prune(worker_id)
+        return [it.prefill_tokens for it in queue if self._in_prefill(it)] if queue else []
 
     def expire(self, now: float) -> int:
         """Drop every request whose deadline has passed; returns how many."""

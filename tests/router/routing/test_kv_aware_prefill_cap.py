@@ -85,3 +85,28 @@ def test_the_core_fills_the_prefill_list_only_when_the_cap_is_set() -> None:
 
     assert list(views(PolicyWeights(prefill_cap=4096))[0].prefilling) == [5_000.0]
     assert list(views(PolicyWeights())[0].prefilling) == []
+
+
+def test_the_prefill_queue_does_not_keep_requests_that_left_it() -> None:
+    # Every dispatch with uncached tokens joins its worker's prefill queue; requests past
+    # their prefill must leave it (it used to keep every request ever dispatched, and
+    # prefilling_tokens walked all of them on every route).
+    table = InflightTable(ttl=10.0)
+    for i in range(1_000):
+        table.add(f"r{i}", "w", float(i), prefill_tokens=100.0)
+        if i % 3:
+            table.first_token(f"r{i}")
+        if i % 2:
+            table.finish(f"r{i}")
+    table.expire(2_000.0)  # the rest time out
+    assert len(table) == 0
+    assert table._prefilling == {}
+    # A request still in prefill at the head keeps only those dispatched after it.
+    table.add("head", "w", 0.0, prefill_tokens=500.0)
+    for i in range(100):
+        table.add(f"t{i}", "w", 0.0, prefill_tokens=10.0)
+        table.first_token(f"t{i}")
+        table.finish(f"t{i}")
+    assert table.prefilling_tokens("w") == [500.0]
+    table.first_token("head")
+    assert table._prefilling == {} and table.prefill_head("w") is None
