@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.routing_grid import WORKLOADS  # noqa: E402
+from benchmarks.routing_grid import cell_argv  # noqa: E402
 from router.bench import commands  # noqa: E402
 from router.bench.trace_replay import replay  # noqa: E402
 from router.routing import policy  # noqa: E402
@@ -43,10 +43,8 @@ def main() -> int:
     ap.add_argument("--weight", type=float, default=50_000.0, help="tokens per return")
     ap.add_argument("--hazard", action="store_true", help="estimate returns from age")
     a = ap.parse_args()
-    wl = WORKLOADS["mooncake"]
-    argv = ["routing", *wl["args"], *wl[a.split], "--engine-model", "charged"]
-    argv += ["--workers", str(a.workers), "--gpu-blocks", str(wl["cache"][a.cache])]
-    argv += ["--load", a.load, "--policy", "kv_aware"]
+    argv = cell_argv("mooncake", a.workers, a.cache, float(a.load), a.split)
+    argv += ["--policy", "kv_aware"]
     args = commands.build_parser().parse_args(argv)
     cfg = commands._config(args)
     workload, _ = commands._workload(args)

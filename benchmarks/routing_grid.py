@@ -18,6 +18,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,19 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
+def cell_argv(
+    workload: str, n: int, cache: str, load: float, split: str, extra: Sequence[str] = ()
+) -> list[str]:
+    """``kvroute bench routing`` arguments of one grid cell (charged engines, one
+    process), without policies: the grid, the tuner and the trace tools replay the same
+    cells."""
+    w = WORKLOADS[workload]
+    argv = ["routing", *w["args"], *w[split], "--engine-model", "charged"]
+    argv += ["--workers", str(n), "--gpu-blocks", str(w["cache"][cache])]
+    argv += ["--load", str(load), "--jobs", "1", *extra]
+    return argv
+
+
 def cell(
     workload: str,
     n: int,
@@ -60,10 +74,7 @@ def cell(
     extra: list[str],
     policies: tuple[str, ...] = POLICIES,
 ) -> dict[str, Any]:
-    w = WORKLOADS[workload]
-    argv = ["routing", *w["args"], *w[split], "--engine-model", "charged"]
-    argv += ["--workers", str(n), "--gpu-blocks", str(w["cache"][cache])]
-    argv += ["--load", str(load), "--jobs", "1", *extra]
+    argv = cell_argv(workload, n, cache, load, split, extra)
     for p in policies:
         argv += ["--policy", p]
     args = build_parser().parse_args(argv)

@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.routing_grid import WORKLOADS  # noqa: E402
+from benchmarks.routing_grid import WORKLOADS, cell_argv  # noqa: E402
 from router.bench import commands  # noqa: E402
 from router.bench.trace_replay import replay  # noqa: E402
 from router.routing.base import RouteInput, discount_hot, share_prior_tokens  # noqa: E402
@@ -69,10 +69,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--extra", default="", help="engine arguments, space separated")
     a = ap.parse_args()
-    wl = WORKLOADS[a.workload]
-    argv = ["routing", *wl["args"], *wl[a.split], "--engine-model", "charged"]
-    argv += ["--workers", str(a.workers), "--gpu-blocks", str(wl["cache"][a.cache])]
-    argv += ["--load", str(a.load), *a.extra.split()]
+    argv = cell_argv(a.workload, a.workers, a.cache, a.load, a.split, a.extra.split())
     if a.weights:
         argv += ["--weights", a.weights]
     for p in a.policies.split(","):

@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.routing_grid import ANCHORS, WORKLOADS  # noqa: E402
+from benchmarks.routing_grid import ANCHORS, WORKLOADS, cell_argv  # noqa: E402
 from router.bench.commands import build_parser, run_bench  # noqa: E402
 
 Key = tuple[str, int, str, float]
@@ -33,10 +33,7 @@ Key = tuple[str, int, str, float]
 
 def _run(key: Key, policies: tuple[str, ...], weights: str, extra: list[str]) -> dict[str, Any]:
     workload, n, cache, load = key
-    w = WORKLOADS[workload]
-    argv = ["routing", *w["args"], *w["tune"], "--engine-model", "charged"]
-    argv += ["--workers", str(n), "--gpu-blocks", str(w["cache"][cache])]
-    argv += ["--load", str(load), "--jobs", "1", *extra]
+    argv = cell_argv(workload, n, cache, load, "tune", extra)
     if weights:
         argv += ["--weights", weights]
     for p in policies:
