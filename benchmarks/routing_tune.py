@@ -8,7 +8,8 @@ The anchors do not depend on ``kv_aware``'s weights (every fleet is simulated on
 so their results per tuning cell are computed once and cached in ``--anchors``; each
 variant then replays ``kv_aware`` alone. Per variant it prints how many cells it is at or
 ahead of every anchor on hit rate and TTFT p99, its worst hit-rate gap and p99 ratio
-against the best anchor, and its worst token imbalance. Never run on the report split:
+against the best anchor, its worst token imbalance, and (after "|") how many cells its
+TTFT p50 is at or under every anchor's, and its worst p50 ratio. Never run on the report split:
 the figures in docs/routing.md come from ``routing_grid.py --split report``.
 """
 
@@ -86,23 +87,27 @@ def main() -> int:
             anchors[name] = fut.result()
             cache_path.write_text(json.dumps(anchors, indent=1, sort_keys=True) + "\n")
         for name, _ in variants:
-            won = hit_ok = p99_ok = 0
-            worst_gap, worst_ratio, worst_imb = 0.0, 0.0, 0.0
+            won = hit_ok = p99_ok = p50_ok = 0
+            worst_gap, worst_ratio, worst_p50, worst_imb = 0.0, 0.0, 0.0, 0.0
             for k in keys:
                 kv = runs[(name, _name(k))].result()["kv_aware"]
                 best_hit = max(anchors[_name(k)][a]["hit_rate"] for a in ANCHORS)
                 best_p99 = min(anchors[_name(k)][a]["ttft_p99_s"] for a in ANCHORS)
+                best_p50 = min(anchors[_name(k)][a]["ttft_p50_s"] for a in ANCHORS)
                 h = kv["hit_rate"] >= best_hit
                 p = kv["ttft_p99_s"] <= best_p99
                 won += h and p
                 hit_ok += h
                 p99_ok += p
+                p50_ok += kv["ttft_p50_s"] <= best_p50
+                worst_p50 = max(worst_p50, kv["ttft_p50_s"] / max(best_p50, 1e-9))
                 worst_gap = min(worst_gap, kv["hit_rate"] - best_hit)
                 worst_ratio = max(worst_ratio, kv["ttft_p99_s"] / max(best_p99, 1e-9))
                 worst_imb = max(worst_imb, kv["imbalance"])
                 if args.verbose:
                     print(
                         f"  {name} {_name(k):28s} hit {kv['hit_rate']:.4f} (best {best_hit:.4f})"
+                        f" p50 {kv['ttft_p50_s']:.2f} (best {best_p50:.2f})"
                         f" p99 {kv['ttft_p99_s']:.2f} (best {best_p99:.2f})"
                         f" imb {kv['imbalance']:.2f} {'OK' if h and p else ''}",
                         flush=True,
@@ -110,7 +115,7 @@ def main() -> int:
             print(
                 f"{name:10s} won {won}/{len(keys)} hit {hit_ok} p99 {p99_ok} "
                 f"worst hit gap {worst_gap * 100:+.2f}pt worst p99 x{worst_ratio:.2f} "
-                f"max imbalance {worst_imb:.2f}",
+                f"max imbalance {worst_imb:.2f} | p50 {p50_ok} worst p50 x{worst_p50:.2f}",
                 flush=True,
             )
     return 0
