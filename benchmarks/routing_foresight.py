@@ -1,7 +1,8 @@
 """How much would knowing which sessions come back soon buy ``kv_aware``'s TTFT p99?
 
     .venv/bin/python benchmarks/routing_foresight.py --workers 8 --cache generous \\
-        --load 0.5 --split report --horizon 12 --weight 100000 [--hazard]
+        --load 0.5 --split report --horizon 12 --weight 100000 [--hazard] \\
+        [--grid benchmarks/results/routing_grid_mooncake.json]
 
 Replays one Mooncake grid cell (charged engines, ``kv_aware`` only) and makes a long
 uncached prompt (one the policy prices by TTFT) pay ``--weight`` tokens per session whose
@@ -9,8 +10,10 @@ last turn went to a worker and which returns within ``--horizon`` seconds: known
 trace (foresight, which no router has), or with ``--hazard`` estimated from the session's
 age and the trace's distribution of gaps between turns (what a router could learn). The
 load-0.5 p99 gap to Dynamo is cached turns queued behind such prompts (docs/routing.md,
-round 10); this says whether placing the long prompts could close it. A scratch
-experiment: it patches the policy in this process only.
+round 10); this says whether placing the long prompts could close it. With ``--grid``
+(a grid JSON holding the cell's anchors) it ends with ``routing_trace.py``'s "p99 price"
+line against them: what moving queued cached turns would still have to pay on top. A
+scratch experiment: it patches the policy in this process only.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import bisect
 import itertools
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.routing_grid import cell_argv  # noqa: E402
+from benchmarks.routing_grid import ANCHORS, cell_argv  # noqa: E402
+from benchmarks.routing_trace import _p99_price  # noqa: E402
 from router.bench import commands  # noqa: E402
 from router.bench.trace_replay import replay  # noqa: E402
 from router.routing import policy  # noqa: E402
@@ -42,6 +47,7 @@ def main() -> int:
     ap.add_argument("--horizon", type=float, default=10.0, help="seconds")
     ap.add_argument("--weight", type=float, default=50_000.0, help="tokens per return")
     ap.add_argument("--hazard", action="store_true", help="estimate returns from age")
+    ap.add_argument("--grid", default=None, help="grid JSON with this cell's anchors")
     a = ap.parse_args()
     argv = cell_argv("mooncake", a.workers, a.cache, float(a.load), a.split)
     argv += ["--policy", "kv_aware"]
@@ -66,12 +72,29 @@ def main() -> int:
     last: dict[str, tuple[str, float]] = {}  # session -> (worker, time) of its last turn
     now: dict[str, Any] = {}
     route, costs = RoutingCore.route, policy.KvAwarePolicy.costs
+    first_token = RoutingCore.first_token
+    rows: dict[str, dict[str, Any]] = {}  # what _p99_price reads, per request
 
     def hooked_route(self: RoutingCore, rid: str, *pa: Any, **kw: Any) -> Any:
         now.update(rid=rid, t=kw.get("now"))
         d = route(self, rid, *pa, **kw)
         last[reqs[index[rid]].session_id] = (d.worker_id, kw.get("now") or 0.0)
+        chosen = next(v for v in d.views if v.worker_id == d.worker_id)
+        rows[rid] = {
+            "policy": "kv_aware",
+            "t": kw.get("now") or 0.0,
+            "n": d.request_tokens,
+            "hit": chosen.hit_tokens,
+            "backlog": chosen.prefill_backlog,
+            "min_backlog": min(v.prefill_backlog for v in d.views),
+        }
         return d
+
+    def hooked_first(self: RoutingCore, rid: str, now: float | None = None) -> bool:
+        row = rows.get(rid)
+        if row is not None and now is not None:
+            row["ttft"] = now - row["t"]
+        return first_token(self, rid, now)
 
     def returns(t: float, me: int) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -93,6 +116,7 @@ def main() -> int:
         return [x + a.weight * back.get(v.worker_id, 0.0) for x, v in zip(c, views, strict=True)]
 
     RoutingCore.route = hooked_route  # type: ignore[method-assign]
+    RoutingCore.first_token = hooked_first  # type: ignore[method-assign]
     policy.KvAwarePolicy.costs = hooked_costs  # type: ignore[method-assign]
     result = asyncio.run(replay(reqs, commands._fleet_specs(args, cfg), cfg, bounds=False))
     s = result["policies"]["kv_aware"]
@@ -101,6 +125,12 @@ def main() -> int:
         f"{mode} horizon {a.horizon:g}s weight {a.weight:g}: hit {s['hit_rate'] * 100:.2f}% "
         f"p99 {s['ttft_p99_s']:.2f}s p50 {s['ttft_p50_s']:.2f}s imbalance {s['imbalance']:.2f}"
     )
+    if a.grid:
+        key = (a.workers, a.cache, float(a.load), a.split)
+        for c in json.loads(Path(a.grid).read_text()):
+            if (c["workers"], c["cache"], c["load"], c["split"]) == key:
+                anchors = {p: c["policies"][p] for p in ANCHORS}
+                _p99_price(list(rows.values()), {"kv_aware": s, **anchors})
     return 0
 
 
