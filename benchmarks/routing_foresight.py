@@ -127,10 +127,16 @@ def main() -> int:
     )
     if a.grid:
         key = (a.workers, a.cache, float(a.load), a.split)
-        for c in json.loads(Path(a.grid).read_text()):
-            if (c["workers"], c["cache"], c["load"], c["split"]) == key:
-                anchors = {p: c["policies"][p] for p in ANCHORS}
-                _p99_price(list(rows.values()), {"kv_aware": s, **anchors})
+        cells = [
+            c
+            for c in json.loads(Path(a.grid).read_text())
+            if (c["workers"], c["cache"], c["load"], c["split"]) == key
+        ]
+        if not cells:
+            print(f"no cell {key} in {a.grid}: no p99 price")
+            return 1
+        anchors = {p: cells[0]["policies"][p] for p in ANCHORS}
+        _p99_price(list(rows.values()), {"kv_aware": s, **anchors})
     return 0
 
 
