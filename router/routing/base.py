@@ -113,6 +113,12 @@ class PolicyWeights:
     ttft_miss: float = 65_536.0
     # The share term's weight in those TTFT prices (1: as in the token costs).
     ttft_share: float = 1.0
+    # A request of ``large_tokens``+ with nothing cached on any worker (beyond a hot
+    # prefix) weighs a backlog token ``backlog_fresh`` (0: off) while the fleet's mean
+    # share of idle workers (no prefill backlog; averaged over recent requests) is at
+    # least ``fresh_idle``: it has no hit to keep, so a queue ahead of it is its TTFT.
+    backlog_fresh: float = 0.0
+    fresh_idle: float = 0.0
     escape: float = 0.0
     escape_floor: float = 0.0
     # The engines' ``--long-prefill-token-threshold`` (vLLM; 0: they do not cap). An
@@ -181,6 +187,8 @@ class RouteInput:
     # The hit-loss rate over ``pressure_knee`` while work does not queue, 0..1
     # (``CachePressure.evicting``; 0 where not measured).
     evicting: float = 0.0
+    # The fleet's share of workers with no prefill backlog, averaged over recent requests.
+    idle: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ prefill work::
     affinity_w = hot-prefix discount(affinity_w)  # see ``discount_hot``
     cost_w = prefill * (request_tokens - affinity_w)
            + backlog * prefill_backlog_w          # uncached tokens not prefilled yet
+                                                  # (backlog_fresh for a large request
+                                                  #  with nothing cached, fleet idle)
                                                   # (one chunk per prefill ahead where
                                                   #  engines cap prefills: prefill_cap)
            + decode * inflight_w                  # decode slots, in token equivalents
@@ -158,6 +160,13 @@ class KvAwarePolicy(Policy):
             weights.backlog_over,
             weights.knee,
         )
+        if (
+            weights.backlog_fresh > 0
+            and 0 < weights.large_tokens <= n
+            and request.idle >= weights.fresh_idle
+            and _fresh(views, request, weights)
+        ):
+            backlog_w = weights.backlog_fresh
         decode_w, held = weights.decode, weights.held
         sharing = weights.share > 0 and fair > 0
         share_n = weights.share * n * share_weight(weights, request.pressure, request.evicting)
@@ -208,6 +217,17 @@ class KvAwarePolicy(Policy):
         if timed:
             return _timed(costs, ttfts, extras, best_hit, n, weights)
         return costs
+
+
+def _fresh(views: Sequence[WorkerView], request: RouteInput, weights: PolicyWeights) -> bool:
+    """Whether no worker holds any of the request beyond its hot prefix (counted as the
+    cost counts it: ``discount_hot``)."""
+    hot, discount = request.hot_tokens, weights.hot_discount
+    for v in views:
+        cached = v.score if v.score > v.predicted_tokens else float(v.predicted_tokens)
+        if discount_hot(cached, hot, discount) > 0:
+            return False
+    return True
 
 
 def _capped_wait(view: WorkerView, miss: float, chunk: float) -> float:

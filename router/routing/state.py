@@ -112,6 +112,8 @@ class RoutingCore:
             self.config.hot_min_requests,
         )
         self.pressure = CachePressure()
+        # Mean share of idle workers over recent requests (``PolicyWeights.fresh_idle``).
+        self.idle = 1.0
         self._first_tokens_reported = False
         self._policies: dict[str, Policy] = {}
         # Prompt tokens routed per worker, decayed per routed request (the share term).
@@ -203,8 +205,17 @@ class RoutingCore:
         if gated:
             self._learn_pressure(keys, scores, views, n)
         pressure, evicting = self._pressure_gates() if gated else (1.0, 0.0)
+        if weights.backlog_fresh > 0:
+            now_idle = sum([1 for v in views if v.prefill_backlog <= 0]) / len(views)
+            self.idle += (now_idle - self.idle) / max(16.0 * len(views), 1.0)
         request = RouteInput(
-            n, hot, self.config.prefix_block_tokens, self.routed_total, pressure, evicting
+            n,
+            hot,
+            self.config.prefix_block_tokens,
+            self.routed_total,
+            pressure,
+            evicting,
+            self.idle,
         )
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]
