@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.routing_grid import ANCHORS, cell_argv  # noqa: E402
-from benchmarks.routing_trace import _p99_price  # noqa: E402
+from benchmarks.routing_trace import _p99_price, record_decisions  # noqa: E402
 from router.bench import commands  # noqa: E402
 from router.bench.trace_replay import replay  # noqa: E402
 from router.routing import policy  # noqa: E402
@@ -71,30 +71,15 @@ def main() -> int:
 
     last: dict[str, tuple[str, float]] = {}  # session -> (worker, time) of its last turn
     now: dict[str, Any] = {}
-    route, costs = RoutingCore.route, policy.KvAwarePolicy.costs
-    first_token = RoutingCore.first_token
-    rows: dict[str, dict[str, Any]] = {}  # what _p99_price reads, per request
+    costs = policy.KvAwarePolicy.costs
+    rows = record_decisions(cfg.routing.weights)  # what _p99_price reads
+    route = RoutingCore.route
 
     def hooked_route(self: RoutingCore, rid: str, *pa: Any, **kw: Any) -> Any:
         now.update(rid=rid, t=kw.get("now"))
         d = route(self, rid, *pa, **kw)
         last[reqs[index[rid]].session_id] = (d.worker_id, kw.get("now") or 0.0)
-        chosen = next(v for v in d.views if v.worker_id == d.worker_id)
-        rows[rid] = {
-            "policy": "kv_aware",
-            "t": kw.get("now") or 0.0,
-            "n": d.request_tokens,
-            "hit": chosen.hit_tokens,
-            "backlog": chosen.prefill_backlog,
-            "min_backlog": min(v.prefill_backlog for v in d.views),
-        }
         return d
-
-    def hooked_first(self: RoutingCore, rid: str, now: float | None = None) -> bool:
-        row = rows.get(rid)
-        if row is not None and now is not None:
-            row["ttft"] = now - row["t"]
-        return first_token(self, rid, now)
 
     def returns(t: float, me: int) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -116,7 +101,6 @@ def main() -> int:
         return [x + a.weight * back.get(v.worker_id, 0.0) for x, v in zip(c, views, strict=True)]
 
     RoutingCore.route = hooked_route  # type: ignore[method-assign]
-    RoutingCore.first_token = hooked_first  # type: ignore[method-assign]
     policy.KvAwarePolicy.costs = hooked_costs  # type: ignore[method-assign]
     result = asyncio.run(replay(reqs, commands._fleet_specs(args, cfg), cfg, bounds=False))
     s = result["policies"]["kv_aware"]
@@ -136,7 +120,7 @@ def main() -> int:
             print(f"no cell {key} in {a.grid}: no p99 price")
             return 1
         anchors = {p: cells[0]["policies"][p] for p in ANCHORS}
-        _p99_price(list(rows.values()), {"kv_aware": s, **anchors})
+        _p99_price(rows, {"kv_aware": s, **anchors})
     return 0
 
 

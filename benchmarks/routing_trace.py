@@ -57,26 +57,11 @@ def _terms(d: Decision, i: int, w: Any, routed: int, share_x: float) -> dict[str
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", default="mooncake", choices=tuple(WORKLOADS))
-    ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--cache", default="generous")
-    ap.add_argument("--load", type=float, default=0.5)
-    ap.add_argument("--split", default="tune", choices=("tune", "report"))
-    ap.add_argument("--policies", default="kv_aware,llmd")
-    ap.add_argument("--weights", default="")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--extra", default="", help="engine arguments, space separated")
-    a = ap.parse_args()
-    argv = cell_argv(a.workload, a.workers, a.cache, a.load, a.split, a.extra.split())
-    if a.weights:
-        argv += ["--weights", a.weights]
-    for p in a.policies.split(","):
-        argv += ["--policy", p]
-    args = commands.build_parser().parse_args(argv)
-    cfg = commands._config(args)
-    weights = cfg.routing.weights
+def record_decisions(weights: Any) -> list[dict[str, Any]]:
+    """Hooks ``RoutingCore.route`` and ``first_token`` in this process: the returned list
+    gets one row per decision (the chosen worker, every worker's cached tokens, backlog,
+    in-flight and recent tokens; for ``kv_aware``'s moves the cost terms that differed),
+    each with its TTFT once the first token is reported. ``weights``: kv_aware's."""
     rows: list[dict[str, Any]] = []
     original = RoutingCore.route
 
@@ -123,6 +108,30 @@ def main() -> int:
     first_token = RoutingCore.first_token
     RoutingCore.route = hooked  # type: ignore[method-assign]
     RoutingCore.first_token = first  # type: ignore[method-assign]
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="mooncake", choices=tuple(WORKLOADS))
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--cache", default="generous")
+    ap.add_argument("--load", type=float, default=0.5)
+    ap.add_argument("--split", default="tune", choices=("tune", "report"))
+    ap.add_argument("--policies", default="kv_aware,llmd")
+    ap.add_argument("--weights", default="")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--extra", default="", help="engine arguments, space separated")
+    a = ap.parse_args()
+    argv = cell_argv(a.workload, a.workers, a.cache, a.load, a.split, a.extra.split())
+    if a.weights:
+        argv += ["--weights", a.weights]
+    for p in a.policies.split(","):
+        argv += ["--policy", p]
+    args = commands.build_parser().parse_args(argv)
+    cfg = commands._config(args)
+    weights = cfg.routing.weights
+    rows = record_decisions(weights)
     workload, _ = commands._workload(args)
     fleets = commands._fleet_specs(args, cfg)
     result = asyncio.run(replay(workload, fleets, cfg, bounds=False))
