@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.routing_grid import WORKLOADS, cell_argv  # noqa: E402
 from router.bench import commands  # noqa: E402
 from router.bench.trace_replay import replay  # noqa: E402
-from router.routing.base import RouteInput, discount_hot, share_prior_tokens  # noqa: E402
+from router.routing.base import RouteInput, cache_affinity, share_prior_tokens  # noqa: E402
 from router.routing.state import Decision, RoutingCore  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def _terms(d: Decision, i: int, w: Any, routed: int, share_x: float) -> dict[str
     ``share_x``: the share term's weight at that decision (``RoutingCore.share_weight``)."""
     v = d.views[i]
     n = d.request_tokens
-    aff = discount_hot(max(v.score, float(v.predicted_tokens)), d.hot_tokens, w.hot_discount)
+    aff = cache_affinity(v, d.hot_tokens, w.hot_discount)
     fair = sum(x.recent_tokens for x in d.views) / len(d.views)
     share = 0.0
     if w.share > 0 and fair > 0:

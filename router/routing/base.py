@@ -237,6 +237,14 @@ def discount_hot(affinity: float, hot_tokens: int, discount: float) -> float:
     return (affinity - hot) + discount * hot
 
 
+def cache_affinity(view: WorkerView, hot_tokens: int, discount: float) -> float:
+    """A worker's cache affinity for a request as ``kv_aware`` counts it: the larger of
+    its tier-weighted score and its predicted tokens, hits inside the hot prefix
+    discounted (the policy's cost loop inlines the same arithmetic)."""
+    cached = view.score if view.score > view.predicted_tokens else float(view.predicted_tokens)
+    return discount_hot(cached, hot_tokens, discount)
+
+
 def pick_min(values: Sequence[float], rng: random.Random, tolerance: float = 1e-9) -> int:
     """Index of the smallest value; ties (within ``tolerance``) broken at random."""
     best = min(values)

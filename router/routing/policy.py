@@ -44,6 +44,7 @@ from router.routing.base import (
     PolicyWeights,
     RouteInput,
     WorkerView,
+    cache_affinity,
     discount_hot,
     pick_min,
     share_prior_tokens,
@@ -220,14 +221,9 @@ class KvAwarePolicy(Policy):
 
 
 def _fresh(views: Sequence[WorkerView], request: RouteInput, weights: PolicyWeights) -> bool:
-    """Whether no worker holds any of the request beyond its hot prefix (counted as the
-    cost counts it: ``discount_hot``)."""
+    """Whether no worker holds any of the request beyond its hot prefix (``cache_affinity``)."""
     hot, discount = request.hot_tokens, weights.hot_discount
-    for v in views:
-        cached = v.score if v.score > v.predicted_tokens else float(v.predicted_tokens)
-        if discount_hot(cached, hot, discount) > 0:
-            return False
-    return True
+    return all(cache_affinity(v, hot, discount) <= 0 for v in views)
 
 
 def _capped_wait(view: WorkerView, miss: float, chunk: float) -> float:
