@@ -111,6 +111,9 @@ class ChargedEngine:
         self.running: list[_Seq] = []
         self.clock = 0.0
         self.steps = 0
+        # Seconds spent in steps: the engine's work, whatever it was (prefill at any
+        # context, decode); the fleet's busy-time imbalance is read from it.
+        self.busy_s = 0.0
 
     def submit(self, rid: str, arrival: float, prepared: EngineRequest, out: int) -> None:
         if not self.running and not self.waiting:
@@ -184,6 +187,7 @@ class ChargedEngine:
             attn = sum(c * (s.done + c / 2) for s, c in chunks)
             dt = (base + prefill * m.prefill_token_s + attn * m.attn_s) / self.speed
             self.clock += dt
+            self.busy_s += dt
             self.steps += 1
             end = self.clock
             for s, c in chunks:
@@ -214,6 +218,7 @@ class ChargedEngine:
             else:
                 hi = mid - 1
         steps = lo
+        self.busy_s += start(steps) - self.clock
         self.clock = start(steps)
         self.steps += steps
         self._decode(decode, steps, self.clock, notes)
@@ -337,6 +342,10 @@ class ChargedFleet(Fleet):
         out["tpot_mean_s"] = round(sum(tpot) / len(tpot), 5) if tpot else 0.0
         out["unfinished"] = len(self._pending)
         out["engine_steps"] = sum(sim.steps for sim in self.sims)
+        # Prompt tokens per worker count cached tokens as load; engine-seconds do not.
+        busy = [sim.busy_s for sim in self.sims]
+        mean = sum(busy) / len(busy)
+        out["busy_imbalance"] = round(max(busy) / mean, 4) if mean else 1.0
         pressure = self.core.pressure  # hit checks (continuations, admissions) lost
         out["hits_lost_to_eviction"] = round(pressure.losses / max(pressure.samples, 1), 4)
         return out

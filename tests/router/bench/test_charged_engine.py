@@ -100,6 +100,17 @@ def test_fast_forward_stops_at_the_next_arrival() -> None:
     assert first["b"] == 51.0 + 1 + 10  # joined the step after its arrival
 
 
+def test_busy_time_counts_steps_not_idle_gaps() -> None:
+    e = engine()
+    submit(e, "a", 0.0, list(range(10)), out=3)  # 1 + 10 s prefill, then 2 decode steps
+    notes = EngineNotes()
+    e.run_until(float("inf"), notes)
+    assert e.busy_s == 13.0
+    submit(e, "b", 100.0, list(range(500, 510)), out=1)  # idle from 13 to 100
+    e.run_until(float("inf"), notes)
+    assert e.clock == 111.0 and e.busy_s == 24.0
+
+
 def test_long_prefill_threshold_lets_a_cached_turn_past_a_long_prefill() -> None:
     """vLLM's --long-prefill-token-threshold: a long prompt in chunked prefill takes at
     most the threshold per step while anything else is running or waiting."""
@@ -159,6 +170,7 @@ def test_bench_charged_with_the_anchors(capsys: pytest.CaptureFixture[str]) -> N
         assert 0 < m["hit_rate"] <= bounds["infinite_cache"], name
         assert m["ttft_p50_s"] <= m["ttft_p99_s"], name
         assert m["tpot_mean_s"] > 0
+        assert m["busy_imbalance"] >= 1.0, name  # max / mean of engine-seconds
 
 
 def test_bench_slice_and_load(capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,3 +31,15 @@ def test_the_summary_counts_p50_apart_from_the_verdict() -> None:
     line = summary(cells)
     assert "on hit rate and TTFT p99: 2/3 cells (hit rate 2/3, TTFT p99 3/3)" in line
     assert "TTFT p50 at or under every anchor's in 2/3" in line
+
+
+def test_busy_time_imbalance_is_counted_where_every_cell_has_it() -> None:
+    cells = [
+        _cell((0.40, 0.20, 5.0), (0.30, 0.30, 6.0)),
+        _cell((0.40, 0.20, 5.0), (0.30, 0.30, 6.0)),
+    ]
+    assert "busy-time" not in summary(cells)  # grids recorded before the field existed
+    cells[0]["policies"]["kv_aware"]["busy_imbalance"] = 1.05
+    assert "busy-time" not in summary(cells)
+    cells[1]["policies"]["kv_aware"]["busy_imbalance"] = 1.20
+    assert summary(cells).endswith("engine busy-time imbalance <= 1.10 in 1/2")
