@@ -48,11 +48,13 @@ def _terms(d: Decision, i: int, w: Any, routed: int, share_x: float) -> dict[str
         prior = share_prior_tokens(RouteInput(n, routed=routed), len(d.views), w)
         share = w.share * share_x * n * (v.recent_tokens - fair) / (fair + prior)
     speed = v.speed if v.speed > 0 else 1.0
-    backlog = w.backlog_large if 0 < w.large_tokens <= n else w.backlog
+    large = 0 < w.large_tokens <= n
+    backlog = w.backlog_large if large else w.backlog
+    held = w.held_large if large else w.held
     return {
         "miss": w.prefill * (n - aff) / speed,
         "backlog": backlog * v.prefill_backlog / speed,
-        "held": w.held * v.inflight_tokens + w.decode * v.inflight,
+        "held": held * v.inflight_tokens + w.decode * v.inflight,
         "share": share,
     }
 

@@ -18,6 +18,7 @@ prefill work::
                                                   #  engines cap prefills: prefill_cap)
            + decode * inflight_w                  # decode slots, in token equivalents
            + held * inflight_tokens_w             # KV held by running requests
+                                                  # (held_large for a large request)
            + share * roomy * request_tokens * (recent_w - mean(recent))
                    / (mean(recent) + prior)  # fair share
     prior = share_prior * request_tokens, fading over the first share_warmup x N requests
@@ -153,22 +154,21 @@ class KvAwarePolicy(Policy):
         hot = float(request.hot_tokens)
         discount = weights.hot_discount
         discounting = request.hot_tokens > 0 and discount < 1.0
+        large = 0 < weights.large_tokens <= n
         prefill, backlog_w, over, knee = (
             weights.prefill,
-            weights.backlog
-            if weights.large_tokens <= 0 or n < weights.large_tokens
-            else weights.backlog_large,
+            weights.backlog_large if large else weights.backlog,
             weights.backlog_over,
             weights.knee,
         )
         if (
             weights.backlog_fresh > 0
-            and 0 < weights.large_tokens <= n
+            and large
             and request.idle >= weights.fresh_idle
             and _fresh(views, request, weights)
         ):
             backlog_w = weights.backlog_fresh
-        decode_w, held = weights.decode, weights.held
+        decode_w, held = weights.decode, weights.held_large if large else weights.held
         sharing = weights.share > 0 and fair > 0
         share_n = weights.share * n * share_weight(weights, request.pressure, request.evicting)
         over_fair = fair + prior

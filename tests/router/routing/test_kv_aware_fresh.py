@@ -29,7 +29,7 @@ def pick(views: list[WorkerView], weights: PolicyWeights, request: RouteInput) -
 
 
 def test_a_fresh_large_request_goes_where_it_starts_first() -> None:
-    off = PolicyWeights(share=0.0, balance_slack=1e9)
+    off = PolicyWeights(backlog_fresh=0.0, share=0.0, balance_slack=1e9)
     assert pick([QUEUED, IDLE], off, RouteInput(N)) == "queued"
     assert pick([QUEUED, IDLE], PolicyWeights(**FRESH), RouteInput(N)) == "idle"
 
@@ -63,8 +63,9 @@ def test_the_core_averages_the_share_of_idle_workers() -> None:
     for i in range(64):  # every request leaves a backlog, so both workers fill up
         core.route(f"r{i}", list(range(i * 5_000, (i + 1) * 5_000)), scores)
     assert core.idle < 0.35
-    # Off by default: nothing is averaged.
-    plain = RoutingCore(RoutingConfig(), clock=lambda: 0.0)
+    # On by default (round 13); switched off, nothing is averaged.
+    assert RoutingConfig().weights.backlog_fresh > 0
+    plain = RoutingCore(RoutingConfig(weights=PolicyWeights(backlog_fresh=0.0)), clock=lambda: 0.0)
     for i in range(8):
         plain.route(f"r{i}", list(range(i * 5_000, (i + 1) * 5_000)), scores)
     assert plain.idle == 1.0
