@@ -251,7 +251,11 @@ def _print_table(result: dict[str, Any], title: str) -> None:
     bounds = result["bounds"]
     shared = bounds["shared_cache"] or 1.0
     table = Table(title=title)
-    for col in ("fleet", "hit rate", "% of shared bound", "imbalance", "estimate exact",
+    # Charged engines also report how unevenly they were busy (engine-seconds), which
+    # unlike prompt tokens does not count cached tokens as load.
+    busy = all("busy_imbalance" in m for m in result["policies"].values())
+    imbalance = "imbalance (tokens / busy)" if busy else "imbalance"
+    for col in ("fleet", "hit rate", "% of shared bound", imbalance, "estimate exact",
                 "est. MAE (tok)", "TTFT mean (s)", "TTFT p99 (s)"):  # fmt: skip
         table.add_column(col, justify="left" if col == "fleet" else "right")
     for name, m in result["policies"].items():
@@ -259,7 +263,9 @@ def _print_table(result: dict[str, Any], title: str) -> None:
             name,
             f"{m['hit_rate']:.2%}",
             f"{m['hit_rate'] / shared:.1%}",
-            f"{m['imbalance']:.3f}",
+            f"{m['imbalance']:.3f} / {m['busy_imbalance']:.3f}"
+            if busy
+            else f"{m['imbalance']:.3f}",
             f"{m['estimate_exact']:.2%}",
             f"{m['estimate_mae_tokens']:.1f}",
             f"{m['ttft_mean_s']:.3f}",

@@ -181,3 +181,15 @@ def test_bench_slice_and_load(capsys: pytest.CaptureFixture[str]) -> None:
         main([*base, "--slice", "1:0.5", "--trace", str(TRACE)])
     loaded = run(capsys, *base, "--load", "0.5")
     assert "load 0.5 (arrivals x" in loaded["config"]["workload"]
+
+
+def test_the_table_shows_busy_time_imbalance_for_charged_engines(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # one line per row: the header is not wrapped
+    base = ["routing", "--limit", "60", "--workers", "2", "--jobs", "1", "--policy", "kv_aware"]
+    base += ["--trace", str(TRACE)]
+    assert main([*base, "--engine-model", "charged"]) == 0
+    assert "tokens / busy" in capsys.readouterr().out
+    assert main(base) == 0  # the simple model has no engine time to report
+    assert "tokens / busy" not in capsys.readouterr().out
