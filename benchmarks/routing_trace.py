@@ -32,13 +32,21 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.routing_grid import WORKLOADS, cell_argv  # noqa: E402
 from router.bench import commands  # noqa: E402
 from router.bench.trace_replay import replay  # noqa: E402
-from router.routing.base import RouteInput, cache_affinity, share_prior_tokens  # noqa: E402
+from router.routing.base import (  # noqa: E402
+    RouteInput,
+    backlog_weight,
+    cache_affinity,
+    share_prior_tokens,
+)
 from router.routing.state import Decision, RoutingCore  # noqa: E402
 
 
-def _terms(d: Decision, i: int, w: Any, routed: int, share_x: float) -> dict[str, float]:
+def _terms(
+    d: Decision, i: int, w: Any, routed: int, share_x: float, idle: float
+) -> dict[str, float]:
     """kv_aware's cost of worker ``i`` split into its terms (policy.py's formula);
-    ``share_x``: the share term's weight at that decision (``RoutingCore.share_weight``)."""
+    ``share_x`` and ``idle``: the share term's weight and the fleet's idle share at that
+    decision (``RoutingCore.share_weight``, ``RoutingCore.idle``)."""
     v = d.views[i]
     n = d.request_tokens
     aff = cache_affinity(v, d.hot_tokens, w.hot_discount)
@@ -48,9 +56,8 @@ def _terms(d: Decision, i: int, w: Any, routed: int, share_x: float) -> dict[str
         prior = share_prior_tokens(RouteInput(n, routed=routed), len(d.views), w)
         share = w.share * share_x * n * (v.recent_tokens - fair) / (fair + prior)
     speed = v.speed if v.speed > 0 else 1.0
-    large = 0 < w.large_tokens <= n
-    backlog = w.backlog_large if large else w.backlog
-    held = w.held_large if large else w.held
+    backlog = backlog_weight(RouteInput(n, d.hot_tokens, idle=idle), d.views, w)
+    held = w.held_large if 0 < w.large_tokens <= n else w.held
     return {
         "miss": w.prefill * (n - aff) / speed,
         "backlog": backlog * v.prefill_backlog / speed,
@@ -94,7 +101,8 @@ def record_decisions(weights: Any) -> list[dict[str, Any]]:
             routed = self.routed_total - 1
             # The gates the policy used: routing changed nothing they read since.
             x = self.share_weight()
-            tc, tb = _terms(d, chosen, weights, routed, x), _terms(d, best, weights, routed, x)
+            tc = _terms(d, chosen, weights, routed, x, self.idle)
+            tb = _terms(d, best, weights, routed, x, self.idle)
             row["diff"] = {k: round(tb[k] - tc[k], 1) for k in tc}
         rows.append(row)
         by_id[(id(self), d.request_id)] = row

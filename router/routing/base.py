@@ -254,6 +254,22 @@ def cache_affinity(view: WorkerView, hot_tokens: int, discount: float) -> float:
     return discount_hot(cached, hot_tokens, discount)
 
 
+def backlog_weight(
+    request: RouteInput, views: Sequence[WorkerView], weights: PolicyWeights
+) -> float:
+    """What a backlog token weighs for this request in ``kv_aware``'s cost: ``backlog``;
+    ``backlog_large`` from ``large_tokens`` up; ``backlog_fresh`` for such a request
+    that no worker holds beyond its hot prefix while the fleet is at least ``fresh_idle``
+    idle (it has no hit to keep, so a queue ahead of it is its TTFT)."""
+    if not 0 < weights.large_tokens <= request.request_tokens:
+        return weights.backlog
+    if weights.backlog_fresh > 0 and request.idle >= weights.fresh_idle:
+        hot, discount = request.hot_tokens, weights.hot_discount
+        if all(cache_affinity(v, hot, discount) <= 0 for v in views):
+            return weights.backlog_fresh
+    return weights.backlog_large
+
+
 def pick_min(values: Sequence[float], rng: random.Random, tolerance: float = 1e-9) -> int:
     """Index of the smallest value; ties (within ``tolerance``) broken at random."""
     best = min(values)

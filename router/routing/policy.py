@@ -45,7 +45,7 @@ from router.routing.base import (
     PolicyWeights,
     RouteInput,
     WorkerView,
-    cache_affinity,
+    backlog_weight,
     discount_hot,
     pick_min,
     share_prior_tokens,
@@ -157,17 +157,10 @@ class KvAwarePolicy(Policy):
         large = 0 < weights.large_tokens <= n
         prefill, backlog_w, over, knee = (
             weights.prefill,
-            weights.backlog_large if large else weights.backlog,
+            backlog_weight(request, views, weights),
             weights.backlog_over,
             weights.knee,
         )
-        if (
-            weights.backlog_fresh > 0
-            and large
-            and request.idle >= weights.fresh_idle
-            and _fresh(views, request, weights)
-        ):
-            backlog_w = weights.backlog_fresh
         decode_w, held = weights.decode, weights.held_large if large else weights.held
         sharing = weights.share > 0 and fair > 0
         share_n = weights.share * n * share_weight(weights, request.pressure, request.evicting)
@@ -218,12 +211,6 @@ class KvAwarePolicy(Policy):
         if timed:
             return _timed(costs, ttfts, extras, best_hit, n, weights)
         return costs
-
-
-def _fresh(views: Sequence[WorkerView], request: RouteInput, weights: PolicyWeights) -> bool:
-    """Whether no worker holds any of the request beyond its hot prefix (``cache_affinity``)."""
-    hot, discount = request.hot_tokens, weights.hot_discount
-    return all(cache_affinity(v, hot, discount) <= 0 for v in views)
 
 
 def _capped_wait(view: WorkerView, miss: float, chunk: float) -> float:
