@@ -36,6 +36,7 @@ from router.routing.base import (  # noqa: E402
     RouteInput,
     backlog_weight,
     cache_affinity,
+    held_weight,
     share_prior_tokens,
 )
 from router.routing.state import Decision, RoutingCore  # noqa: E402
@@ -57,11 +58,10 @@ def _terms(
         share = w.share * share_x * n * (v.recent_tokens - fair) / (fair + prior)
     speed = v.speed if v.speed > 0 else 1.0
     backlog = backlog_weight(RouteInput(n, d.hot_tokens, idle=idle), d.views, w)
-    held = w.held_large if 0 < w.large_tokens <= n else w.held
     return {
         "miss": w.prefill * (n - aff) / speed,
         "backlog": backlog * v.prefill_backlog / speed,
-        "held": held * v.inflight_tokens + w.decode * v.inflight,
+        "held": held_weight(n, w) * v.inflight_tokens + w.decode * v.inflight,
         "share": share,
     }
 

@@ -254,6 +254,13 @@ def cache_affinity(view: WorkerView, hot_tokens: int, discount: float) -> float:
     return discount_hot(cached, hot_tokens, discount)
 
 
+def held_weight(request_tokens: int, weights: PolicyWeights) -> float:
+    """What a prompt token held by a request in flight weighs for a request of
+    ``request_tokens`` in ``kv_aware``'s cost: ``held``, ``held_large`` from
+    ``large_tokens`` up."""
+    return weights.held_large if 0 < weights.large_tokens <= request_tokens else weights.held
+
+
 def backlog_weight(
     request: RouteInput, views: Sequence[WorkerView], weights: PolicyWeights
 ) -> float:

@@ -47,6 +47,7 @@ from router.routing.base import (
     WorkerView,
     backlog_weight,
     discount_hot,
+    held_weight,
     pick_min,
     share_prior_tokens,
     share_weight,
@@ -154,14 +155,13 @@ class KvAwarePolicy(Policy):
         hot = float(request.hot_tokens)
         discount = weights.hot_discount
         discounting = request.hot_tokens > 0 and discount < 1.0
-        large = 0 < weights.large_tokens <= n
         prefill, backlog_w, over, knee = (
             weights.prefill,
             backlog_weight(request, views, weights),
             weights.backlog_over,
             weights.knee,
         )
-        decode_w, held = weights.decode, weights.held_large if large else weights.held
+        decode_w, held = weights.decode, held_weight(n, weights)
         sharing = weights.share > 0 and fair > 0
         share_n = weights.share * n * share_weight(weights, request.pressure, request.evicting)
         over_fair = fair + prior
