@@ -174,3 +174,7 @@ class RouteResponse(BaseModel):
     endpoint: str | None
     hit_tokens: int
     candidates: list[RouteCandidate]
+    # Prefix warming (the ``warm_chunk`` weight; empty when off or not needed): send the
+    # worker these many first prompt tokens as requests of one output token each, one
+    # after another, before the request itself.
+    warm_prefixes: list[int] = Field(default_factory=list)

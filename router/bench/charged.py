@@ -16,7 +16,12 @@ blocks released at admission) with a vLLM-V1-style engine per worker:
   off by default as in vLLM): while more than one request is running or waiting, no
   request prefills more than that many tokens in a step;
 * the router hears a request's first token (prefill over) and its finish, and learns each
-  worker's speed from them (``router.routing.speed``); nothing is given to it.
+  worker's speed from them (``router.routing.speed``); nothing is given to it;
+* a request the router shapes (``Decision.warm``) arrives as prefix-warming requests of
+  the given lengths (one output token each) and then in full, each sent the moment the
+  one before it has its token (no round trip is charged): each is a request of its own
+  to the engine, admitted FCFS behind whatever arrived meanwhile, its blocks released to
+  the cache when it finishes (evictable until the next one hits them).
 
 Constants (defaults of :class:`ChargedModel`): a roofline of Llama-3.1-8B in BF16 on one
 H100 SXM, from public numbers only -- NVIDIA's H100 SXM datasheet (3.35 TB/s HBM3, 989
@@ -34,16 +39,12 @@ trace's tokens) and there is no preemption: admission waits instead.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from offload_core.kv_cache import KVCacheManager, RequestPlan, RequestTooLargeError
 from offload_core.kv_cache import Request as EngineRequest
-from router.bench.sim import Fleet
-from router.bench.workloads import Request
 from router.routing.policy import EngineStats
 from schemas import KVEvent
 
@@ -70,6 +71,28 @@ class ChargedModel:
 
 
 @dataclass(slots=True)
+class _Waiting:
+    rid: str
+    arrival: float
+    prepared: EngineRequest
+    out: int
+    # Prompt lengths of the warming requests still to send before the request itself.
+    warm: tuple[int, ...] = ()
+    # Prompt tokens prefilled so far by its warming requests (hits are what was not).
+    computed: int = 0
+    # Cached tokens at its first admission (what the router's estimate is checked against).
+    first_hit: int = -1
+    # Prompt tokens of the warming request that ended last (what the next one should hit).
+    warmed: int = 0
+
+    def stage(self) -> EngineRequest:
+        """The request to admit now: the next warming prefix, or the request itself."""
+        if not self.warm:
+            return self.prepared
+        return prefix_request(self.prepared, self.warm[0])
+
+
+@dataclass(slots=True)
 class _Seq:
     rid: str
     arrival: float
@@ -79,14 +102,19 @@ class _Seq:
     out: int
     plan: RequestPlan
     first_token: float = 0.0
+    # Set on a warming request: the request it warms for, re-queued when this one ends.
+    then: _Waiting | None = None
 
 
-@dataclass(slots=True)
-class _Waiting:
-    rid: str
-    arrival: float
-    prepared: EngineRequest
-    out: int
+def prefix_request(prepared: EngineRequest, tokens: int) -> EngineRequest:
+    """The first ``tokens`` tokens of ``prepared`` as a request of their own (the block
+    hashes of a prefix are the prefix of the block hashes: they chain)."""
+    return EngineRequest(
+        prepared.token_ids[:tokens],
+        {size: digests[: tokens // size] for size, digests in prepared.hashes.items()},
+        prepared.cache_salt,
+        prepared.lora_name,
+    )
 
 
 @dataclass(slots=True)
@@ -94,7 +122,8 @@ class EngineNotes:
     """What one engine did since the last call, time-stamped."""
 
     events: list[tuple[float, list[KVEvent]]] = field(default_factory=list)
-    admitted: list[tuple[str, int]] = field(default_factory=list)  # (rid, hit tokens)
+    # (rid, cached tokens at its first admission, prompt tokens never prefilled)
+    admitted: list[tuple[str, int, int]] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
     first_tokens: list[tuple[float, str, float]] = field(default_factory=list)  # t, rid, ttft
     finished: list[tuple[float, str, float]] = field(default_factory=list)  # t, rid, tpot
@@ -109,16 +138,26 @@ class ChargedEngine:
         self.speed = speed
         self.waiting: deque[_Waiting] = deque()
         self.running: list[_Seq] = []
+        # Requests whose warming request ended with the last step: they queue at the start
+        # of the next one, behind whatever was submitted while that step ran.
+        self.resent: list[_Waiting] = []
         self.clock = 0.0
         self.steps = 0
         # Seconds spent in steps: the engine's work, whatever it was (prefill at any
         # context, decode); the fleet's busy-time imbalance is read from it.
         self.busy_s = 0.0
 
-    def submit(self, rid: str, arrival: float, prepared: EngineRequest, out: int) -> None:
-        if not self.running and not self.waiting:
+    def submit(
+        self,
+        rid: str,
+        arrival: float,
+        prepared: EngineRequest,
+        out: int,
+        warm: Sequence[int] = (),
+    ) -> None:
+        if not self.running and not self.waiting and not self.resent:
             self.clock = max(self.clock, arrival)
-        self.waiting.append(_Waiting(rid, arrival, prepared, max(1, out)))
+        self.waiting.append(_Waiting(rid, arrival, prepared, max(1, out), tuple(warm)))
 
     def stats(self) -> EngineStats:
         pool = self.kv.pool
@@ -140,8 +179,9 @@ class ChargedEngine:
         chunks: list[tuple[_Seq, int]] = []
         while self.waiting and budget > 0 and len(self.running) < self.m.max_seqs:
             w = self.waiting[0]
+            prepared = w.stage()
             try:
-                plan = self.kv.begin(w.prepared)
+                plan = self.kv.begin(prepared)
             except RequestTooLargeError:
                 if self.running:
                     break  # wait for blocks to be released
@@ -152,10 +192,24 @@ class ChargedEngine:
             self.kv.allocate(plan)
             self.kv.commit(plan)
             notes.events.append((self.clock, self.kv.pool.take_events()))
-            n = len(w.prepared.token_ids)
+            n = len(prepared.token_ids)
             hit = plan.hit.hit_tokens
-            notes.admitted.append((w.rid, hit))
-            seq = _Seq(w.rid, w.arrival, n, hit, w.out - 1, w.out, plan)
+            if w.first_hit < 0:
+                w.first_hit = hit
+            if w.warmed and hit < w.warmed:
+                # What the last warming request cached was evicted before this one came:
+                # the router sees it in this one's cached tokens and sends the request
+                # itself next (re-warming under eviction would compute the prompt again
+                # and again).
+                w.warm = w.warm[:1]
+            if w.warm:
+                w.computed += n - hit
+                w.warmed = n
+                seq = _Seq(w.rid, w.arrival, n, hit, 0, 1, plan, then=w)
+            else:
+                # Hits: prompt tokens no request of this one prefilled.
+                notes.admitted.append((w.rid, w.first_hit, hit - w.computed))
+                seq = _Seq(w.rid, w.arrival, n, hit, w.out - 1, w.out, plan)
             self.running.append(seq)
             chunk = min(n - hit, budget, cap)
             budget -= chunk
@@ -165,7 +219,10 @@ class ChargedEngine:
     def run_until(self, until: float, notes: EngineNotes) -> None:
         """Run every step that starts at or before ``until``."""
         m = self.m
-        while (self.running or self.waiting) and self.clock <= until:
+        while (self.running or self.waiting or self.resent) and self.clock <= until:
+            if self.resent:
+                self.waiting.extend(self.resent)
+                self.resent.clear()
             decode = [s for s in self.running if s.done >= s.n]
             budget = m.max_batched_tokens - len(decode)
             cap = self._chunk_cap()
@@ -194,7 +251,8 @@ class ChargedEngine:
                 s.done += c
                 if s.done >= s.n:
                     s.first_token = end
-                    notes.first_tokens.append((end, s.rid, end - s.arrival))
+                    if s.then is None:
+                        notes.first_tokens.append((end, s.rid, end - s.arrival))
             self._decode(decode, 1, end, notes)
             self._retire(notes, end)
 
@@ -234,118 +292,12 @@ class ChargedEngine:
         for s in self.running:
             if s.done >= s.n and s.out_left <= 0 and s.first_token <= end:
                 self.kv.finish(s.plan)
+                if s.then is not None:  # a warming request: send the next one
+                    s.then.warm = s.then.warm[1:]
+                    self.resent.append(s.then)
+                    continue
                 tpot = (end - s.first_token) / max(s.out - 1, 1)
                 notes.finished.append((end, s.rid, tpot))
             else:
                 keep.append(s)
         self.running = keep
-
-
-class ChargedFleet(Fleet):
-    """A :class:`Fleet` whose workers are :class:`ChargedEngine` s."""
-
-    def __init__(
-        self,
-        policy: str,
-        *,
-        model: ChargedModel,
-        speeds: Sequence[float] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(policy, **kwargs)
-        speeds = list(speeds or [])
-        self.sims = [
-            ChargedEngine(kv, model, speeds[i % len(speeds)] if speeds else 1.0)
-            for i, kv in enumerate(self.engines)
-        ]
-        self._notes: list[tuple[float, int, str, Any]] = []
-        self._pending: dict[str, tuple[int, int, int]] = {}  # rid -> (worker, n, estimate)
-        self.tpot: list[float] = []
-
-    def _push(self, t: float, kind: str, payload: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._notes, (t, self._seq, kind, payload))
-
-    def _run(self, until: float) -> None:
-        for w, sim in enumerate(self.sims):
-            notes = EngineNotes()
-            sim.run_until(until, notes)
-            for t, events in notes.events:
-                self._push(t + self.event_delay_s, "events", (w, events))
-            for rid, hit in notes.admitted:
-                self._admitted(rid, hit)
-            for rid in notes.rejected:
-                self._rejected(rid, sim.clock)
-            for t, rid, ttft in notes.first_tokens:
-                self.stats.ttft.append(ttft)
-                self._push(t, "first", rid)
-            for t, rid, tpot in notes.finished:
-                self.tpot.append(tpot)
-                self._push(t, "finish", rid)
-
-    def _admitted(self, rid: str, truth: int) -> None:
-        _, _, est = self._pending.pop(rid)
-        self.core.observe_cached(est, truth)
-        s = self.stats
-        s.hit_tokens += truth
-        s.exact += est == truth
-        s.abs_err += abs(est - truth)
-        s.over += est > truth
-        s.under += est < truth
-
-    def _rejected(self, rid: str, t: float) -> None:
-        self._pending.pop(rid)
-        self.stats.rejected += 1
-        self._push(t, "finish", rid)
-
-    async def advance(self, now: float) -> None:
-        self._run(now)
-        while self._notes and self._notes[0][0] <= now:
-            t, _, kind, payload = heapq.heappop(self._notes)
-            if kind == "events":
-                await self._apply(payload[0], payload[1], t)
-            elif kind == "first":
-                self.core.first_token(payload, now=t)
-            else:
-                self.core.finish(payload, now=t)
-
-    async def step(
-        self, req: Request, prepared: EngineRequest, packed: Sequence[int] | None = None
-    ) -> None:
-        now = req.arrival
-        await self.advance(now)
-        tokens = req.token_ids if packed is None else packed
-        scores = await self.scorer.score_result(tokens, self.worker_ids)  # type: ignore[arg-type]
-        engines = {wid: sim.stats() for wid, sim in zip(self.worker_ids, self.sims, strict=True)}
-        decision = self.core.route(
-            req.request_id,
-            req.token_ids,
-            scores.workers,
-            policy=self.policy,
-            now=now,
-            decode_tokens=req.output_tokens,
-            engines=engines,
-        )
-        w = self.worker_ids.index(decision.worker_id)
-        n = len(req.token_ids)
-        s = self.stats
-        s.requests += 1
-        s.prompt_tokens += n
-        s.tokens_by_worker[w] += n
-        s.predicted_used += decision.predicted_tokens > decision.hit_tokens
-        self._pending[req.request_id] = (w, n, decision.hit_tokens)
-        self.sims[w].submit(req.request_id, now, prepared, req.output_tokens)
-
-    def summary(self) -> dict[str, Any]:
-        out = super().summary()
-        tpot = sorted(self.tpot)
-        out["tpot_mean_s"] = round(sum(tpot) / len(tpot), 5) if tpot else 0.0
-        out["unfinished"] = len(self._pending)
-        out["engine_steps"] = sum(sim.steps for sim in self.sims)
-        # Prompt tokens per worker count cached tokens as load; engine-seconds do not.
-        busy = [sim.busy_s for sim in self.sims]
-        mean = sum(busy) / len(busy)
-        out["busy_imbalance"] = round(max(busy) / mean, 4) if mean else 1.0
-        pressure = self.core.pressure  # hit checks (continuations, admissions) lost
-        out["hits_lost_to_eviction"] = round(pressure.losses / max(pressure.samples, 1), 4)
-        return out

@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 
 from offload_core.kv_cache import KVCacheManager
-from router.bench.charged import ChargedFleet, ChargedModel
+from router.bench.charged import ChargedModel
+from router.bench.charged_fleet import ChargedFleet
 from router.bench.sim import CostModel, EventFilter, Fleet, InfiniteCacheBound, SharedCacheBound
 from router.bench.workloads import Request
 from router.routing.state import RoutingConfig

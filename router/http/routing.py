@@ -134,6 +134,7 @@ async def route(
         endpoint=endpoint,
         hit_tokens=decision.hit_tokens,
         candidates=_candidates(decision),
+        warm_prefixes=list(decision.warm),
     )
 
 

@@ -17,13 +17,14 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.proxy.core import Proxy, ProxyError
 from router.proxy.upstream import DROP, UpstreamError, UpstreamResponse
+from router.proxy.usage import cached_tokens_of, cached_tokens_of_stream
+from router.proxy.warming import warm_prefixes
 from router.routing.policy import check_policy
 from router.routing.state import Decision
 from router.service import UnknownWorker
@@ -36,34 +37,7 @@ _PATHS_STR = {p.decode(): chat for p, chat in PATHS.items()}
 _RATE_S = 10.0
 
 
-class _Usage(msgspec.Struct):
-    usage: dict[str, Any] | None = None
-
-
-_usage_decoder = msgspec.json.Decoder(_Usage)
 _body_decoder = msgspec.json.Decoder()
-
-
-def cached_tokens_of(payload: bytes) -> int | None:
-    """``usage.prompt_tokens_details.cached_tokens`` of one JSON response/chunk."""
-    try:
-        usage = _usage_decoder.decode(payload).usage
-    except msgspec.DecodeError:
-        return None
-    details = usage.get("prompt_tokens_details") if usage else None
-    value = details.get("cached_tokens") if isinstance(details, dict) else None
-    return value if isinstance(value, int) else None
-
-
-def cached_tokens_of_stream(tail: bytes) -> int | None:
-    """The same from the last SSE events of a stream (``include_usage``)."""
-    for event in reversed(tail.split(b"\n\n")):
-        data = event.strip()
-        if data.startswith(b"data:") and b'"usage"' in data:
-            value = cached_tokens_of(data[5:].strip())
-            if value is not None:
-                return value
-    return None
 
 
 def _json_error(status: int, code: str, message: str) -> tuple[int, bytes]:
@@ -234,8 +208,9 @@ class ProxyMiddleware:
         watch.add_done_callback(on_disconnect)
         try:
             return await self._forward(
-                reply.send, path, raw, forward_headers, tokens, scores, policy, stream, want_usage
-            )
+                reply.send, path, raw, body, forward_headers, tokens, scores, policy, stream,
+                want_usage,
+            )  # fmt: skip
         except asyncio.CancelledError:
             if not state[1]:
                 raise
@@ -254,6 +229,7 @@ class ProxyMiddleware:
         send: Send,
         path: str,
         raw: bytes,
+        body: dict,
         headers: list[tuple[bytes, bytes]],
         tokens: list[int],
         scores: list,
@@ -269,8 +245,12 @@ class ProxyMiddleware:
             decision = p.route(tokens, scores, policy)
             worker = decision.worker_id
             try:
-                url = p.endpoint(worker) + path
-                return await self._attempt(send, url, raw, headers, decision, stream, want_usage)
+                base = p.endpoint(worker)
+                if decision.warm:
+                    await self._warm(base, body, tokens, decision, headers)
+                return await self._attempt(
+                    send, base + path, raw, headers, decision, stream, want_usage
+                )
             except (_Failed, UnknownWorker) as exc:
                 last = f"{worker}: {exc}"
                 c = p.counters.worker(worker)
@@ -282,9 +262,25 @@ class ProxyMiddleware:
                 scores = [s for s in scores if s.worker_id != worker]
             finally:
                 p.finish(decision)
-        status, body = _json_error(502, "upstream_failed", f"every attempt failed; last: {last}")
-        await _send_json(send, status, body)
+        status, error = _json_error(502, "upstream_failed", f"every attempt failed; last: {last}")
+        await _send_json(send, status, error)
         return "upstream_failed"
+
+    async def _warm(
+        self,
+        base: str,
+        body: dict,
+        tokens: list[int],
+        decision: Decision,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Prefix warming before the request (``router.proxy.warming``); best effort."""
+        p = self.proxy
+        plain = [h for h in headers if h[0] in (b"content-type", b"authorization")]
+        sent, how = await warm_prefixes(
+            p.upstream, base + "/v1/completions", body, tokens, decision.warm, plain
+        )
+        p.counters.warmed(sent, how)
 
     async def _attempt(
         self,

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from router.proxy.warming import Warmed
+
 if TYPE_CHECKING:
     from router.proxy.health import HealthMonitor
 
@@ -41,6 +43,12 @@ class ProxyCounters:
         self.recent_exact: deque[bool] = deque(maxlen=EXACT_WINDOW)
         self.untokenized = 0
         self.index_fallbacks = 0
+        self.warm_requests = 0
+        self.warm_ended: Counter[str] = Counter()  # how warming ended: done/failed/evicted
+
+    def warmed(self, sent: int, how: Warmed) -> None:
+        self.warm_requests += sent
+        self.warm_ended[how.value] += 1
 
     def worker(self, worker_id: str) -> WorkerCounters:
         c = self.workers.get(worker_id)
@@ -177,6 +185,20 @@ class ProxyCollector(Collector):
             "text prompts routed without a tokenizer for their model (load-only routing)",
             value=c.untokenized,
         )
+        yield CounterMetricFamily(
+            "kvroute_proxy_warm_requests",
+            "prefix-warming requests sent to engines (the warm_chunk weight)",
+            value=c.warm_requests,
+        )
+        ended = CounterMetricFamily(
+            "kvroute_proxy_warmings",
+            "warmed requests by how warming ended (done, failed: a warming request failed, "
+            "evicted: the last warming request's blocks were gone)",
+            labels=["outcome"],
+        )
+        for how in Warmed:
+            ended.add_metric([how.value], c.warm_ended[how.value])
+        yield ended
         yield CounterMetricFamily(
             "kvroute_proxy_index_fallbacks",
             "requests routed on load alone because the index was unavailable",

@@ -136,6 +136,20 @@ class PolicyWeights:
     # prefill ``u`` tokens waits behind each prefill ahead of it for at most
     # ``max(u, prefill_cap)`` of its tokens, not for all of them.
     prefill_cap: float = 0.0
+    # Router-side prefill shaping (0: off): a request that must prefill more than
+    # ``warm_chunk`` tokens on its worker is sent as prefix-warming requests of
+    # ``warm_chunk``, ``2 x warm_chunk``, ... tokens (one output token each, one after
+    # another) and then in full, so the engine caches its prompt a chunk at a time and
+    # serves the requests queued meanwhile between chunks: what ``--long-prefill-token-
+    # threshold`` does inside an engine, for engines that do not set it. A multiple of the
+    # engines' block size. The cost prices waits as with ``prefill_cap`` (the smaller of
+    # the two where both are set).
+    warm_chunk: float = 0.0
+    # ... only while the fleet's mean share of idle workers (``RouteInput.idle``) is at
+    # least ``warm_idle``: near saturation a warmed prefix waits behind a queue with its
+    # blocks free to evict, and re-computing it costs more than the chunking saves
+    # (tight caches at load 0.9: docs/routing.md).
+    warm_idle: float = 0.35
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
@@ -252,6 +266,25 @@ def cache_affinity(view: WorkerView, hot_tokens: int, discount: float) -> float:
     discounted (the policy's cost loop inlines the same arithmetic)."""
     cached = view.score if view.score > view.predicted_tokens else float(view.predicted_tokens)
     return discount_hot(cached, hot_tokens, discount)
+
+
+def prefill_chunk(weights: PolicyWeights) -> float:
+    """The most tokens one prefill runs in a step while others wait, as the cost prices
+    it: the engines' cap (``prefill_cap``) or the router's warming chunk
+    (``warm_chunk``), the smaller where both are set; 0 where neither is."""
+    caps = [c for c in (weights.prefill_cap, weights.warm_chunk) if c > 0]
+    return min(caps) if caps else 0.0
+
+
+def warm_prefixes(request_tokens: int, cached_tokens: int, chunk: int) -> tuple[int, ...]:
+    """Prompt lengths of the prefix-warming requests for a request of ``request_tokens``
+    with ``cached_tokens`` expected cached on its worker: every multiple of ``chunk``
+    strictly between the two, so that no request prefills more than ``chunk`` tokens
+    (the last, the request itself, prefills what is left)."""
+    if chunk <= 0 or request_tokens - cached_tokens <= chunk:
+        return ()
+    first = cached_tokens // chunk + 1
+    return tuple(range(first * chunk, request_tokens, chunk))
 
 
 def held_weight(request_tokens: int, weights: PolicyWeights) -> float:

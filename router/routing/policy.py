@@ -49,6 +49,7 @@ from router.routing.base import (
     discount_hot,
     held_weight,
     pick_min,
+    prefill_chunk,
     share_prior_tokens,
     share_weight,
     worker_load,
@@ -176,7 +177,7 @@ class KvAwarePolicy(Policy):
             or weights.escape_floor > 0
         )
         ttft_share = weights.ttft_share
-        chunk = weights.prefill_cap
+        chunk = prefill_chunk(weights)
         ttfts: list[float] = []  # expected TTFT, in tokens at the nominal speed
         extras: list[float] = []  # the held and share terms
         best_hit = 0.0

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from router.routing.base import share_weight
+from router.routing.base import prefill_chunk, share_weight, warm_prefixes
 from router.routing.inflight import DuplicateRequestError, Inflight, InflightTable, WorkerLoad
 from router.routing.policy import (
     DEFAULT_POLICY,
@@ -89,6 +89,9 @@ class Decision:
     views: list[WorkerView]
     loads: list[float]
     costs: list[float]
+    # Prompt lengths of the prefix-warming requests to send to the worker first, in
+    # order (``PolicyWeights.warm_chunk``; empty: send the request as it is).
+    warm: tuple[int, ...] = ()
 
 
 class RoutingCore:
@@ -172,7 +175,7 @@ class RoutingCore:
         loads = self.inflight.loads_for(ids, now)
         # Head progress is 0 unless enabled and the backlog leaves at first tokens.
         progress = self._head_progress if self._head_progress_on() else None
-        capped = weights.prefill_cap > 0
+        capped = prefill_chunk(weights) > 0
         prefilling = self.inflight.prefilling_tokens
         recent = self.recent
         views = []
@@ -205,7 +208,7 @@ class RoutingCore:
         if gated:
             self._learn_pressure(keys, scores, views, n)
         pressure, evicting = self._pressure_gates() if gated else (1.0, 0.0)
-        if weights.backlog_fresh > 0:
+        if weights.backlog_fresh > 0 or weights.warm_chunk > 0:
             now_idle = sum([1 for v in views if v.prefill_backlog <= 0]) / len(views)
             self.idle += (now_idle - self.idle) / max(16.0 * len(views), 1.0)
         request = RouteInput(
@@ -246,7 +249,17 @@ class RoutingCore:
             views=views,
             loads=choice.loads,
             costs=choice.costs,
+            warm=self._warm(chooser.name, n, expected),
         )
+
+    def _warm(self, policy: str, n: int, expected: int) -> tuple[int, ...]:
+        """Prefill shaping (``PolicyWeights.warm_chunk``): kvroute's own policy only --
+        the anchors re-implement routers that send each request as it is."""
+        weights = self.config.weights
+        chunk = weights.warm_chunk
+        if chunk <= 0 or policy != DEFAULT_POLICY or self.idle < weights.warm_idle:
+            return ()
+        return warm_prefixes(n, expected, int(chunk))
 
     def _learn_pressure(
         self, keys: Sequence[int], scores: Sequence[ScoreLike], views: list[WorkerView], n: int

@@ -38,7 +38,7 @@ def test_chunked_prefill_then_decode_timeline() -> None:
     assert notes.first_tokens == [(102.0, "a", 102.0)]
     # Two more tokens: two decode steps of 1 s each.
     assert notes.finished == [(104.0, "a", 1.0)]
-    assert notes.admitted == [("a", 0)]
+    assert notes.admitted == [("a", 0, 0)]
 
 
 def test_a_cached_prefix_is_hit_at_admission_and_speed_divides_time() -> None:
@@ -48,7 +48,7 @@ def test_a_cached_prefix_is_hit_at_admission_and_speed_divides_time() -> None:
     e.run_until(float("inf"), notes)
     submit(e, "b", 100.0, list(range(80)), out=1)
     e.run_until(float("inf"), notes)
-    assert notes.admitted[1] == ("b", 64)
+    assert notes.admitted[1] == ("b", 64, 64)
     # 16 uncached tokens + 1 s step, at twice the speed.
     assert notes.first_tokens[1] == (108.5, "b", 8.5)
 
