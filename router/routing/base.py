@@ -149,7 +149,7 @@ class PolicyWeights:
     # least ``warm_idle``: near saturation a warmed prefix waits behind a queue with its
     # blocks free to evict, and re-computing it costs more than the chunking saves
     # (tight caches at load 0.9: docs/routing.md).
-    warm_idle: float = 0.35
+    warm_idle: float = 0.15
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 
