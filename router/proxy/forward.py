@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from router.proxy.core import Proxy, ProxyError
 from router.proxy.upstream import DROP, UpstreamError, UpstreamResponse
 from router.proxy.usage import cached_tokens_of, cached_tokens_of_stream
-from router.proxy.warming import warm_prefixes
+from router.proxy.warming import send_warming
 from router.routing.policy import check_policy
 from router.routing.state import Decision
 from router.service import UnknownWorker
@@ -277,7 +277,7 @@ class ProxyMiddleware:
         """Prefix warming before the request (``router.proxy.warming``); best effort."""
         p = self.proxy
         plain = [h for h in headers if h[0] in (b"content-type", b"authorization")]
-        sent, how = await warm_prefixes(
+        sent, how = await send_warming(
             p.upstream, base + "/v1/completions", body, tokens, decision.warm, plain
         )
         p.counters.warmed(sent, how)

@@ -44,11 +44,11 @@ class ProxyCounters:
         self.untokenized = 0
         self.index_fallbacks = 0
         self.warm_requests = 0
-        self.warm_ended: Counter[str] = Counter()  # how warming ended: done/failed/evicted
+        self.warm_ended: Counter[Warmed] = Counter()  # how each warming ended
 
     def warmed(self, sent: int, how: Warmed) -> None:
         self.warm_requests += sent
-        self.warm_ended[how.value] += 1
+        self.warm_ended[how] += 1
 
     def worker(self, worker_id: str) -> WorkerCounters:
         c = self.workers.get(worker_id)
@@ -197,7 +197,7 @@ class ProxyCollector(Collector):
             labels=["outcome"],
         )
         for how in Warmed:
-            ended.add_metric([how.value], c.warm_ended[how.value])
+            ended.add_metric([how.value], c.warm_ended[how])
         yield ended
         yield CounterMetricFamily(
             "kvroute_proxy_index_fallbacks",

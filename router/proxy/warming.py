@@ -32,7 +32,7 @@ class Warmed(Enum):
     EVICTED = "evicted"  # the previous warming request's blocks were gone
 
 
-async def warm_prefixes(
+async def send_warming(
     upstream: UpstreamPool,
     url: str,
     body: Mapping[str, Any],

@@ -115,7 +115,8 @@ class RoutingCore:
             self.config.hot_min_requests,
         )
         self.pressure = CachePressure()
-        # Mean share of idle workers over recent requests (``PolicyWeights.fresh_idle``).
+        # Mean share of idle workers over recent requests (``PolicyWeights.fresh_idle`` and
+        # ``warm_idle``; kept only where one of them is in use).
         self.idle = 1.0
         self._first_tokens_reported = False
         self._policies: dict[str, Policy] = {}
