@@ -7,7 +7,8 @@
   of ``SimEngine.serve`` in process (hash, hit, offload, load back, KV writes, events),
   and over HTTP (uvicorn + httpx, one request at a time);
 * transfer -- GB/s of the batched store (device -> CPU) and load (CPU -> device) of a
-  block set, on this machine's engine device.
+  scattered block set, on this machine's engine device, against one contiguous copy of the
+  same bytes (pinned host memory on CUDA): the floor a gather/scatter of blocks pays.
 
 Run: ``python benchmarks/engine.py [--json] [--requests N] [--transfer-blocks B]``.
 """
@@ -132,7 +133,12 @@ def bench_engine(requests: int, prompt_tokens: int, groups: str) -> dict[str, An
 
 # ---------------------------------------------------------------------- transfer
 def bench_transfer(
-    blocks: int, heads: int, head_dim: int, repeat: int, device: str | None
+    blocks: int,
+    heads: int,
+    head_dim: int,
+    repeat: int,
+    device: str | None,
+    direct_run_bytes: int | None = None,
 ) -> dict[str, Any]:
     groups = parse_groups("full:16")
     buffers = KVBuffers(
@@ -141,6 +147,8 @@ def bench_transfer(
     buffers.gpu[0].normal_()
     manager = CPUOffloadingManager(blocks)
     worker = TransferWorker(buffers, manager)
+    if direct_run_bytes is not None:  # a huge value forces the gather/scatter path
+        worker.direct_run_bytes = direct_run_bytes
     ctx = ReqContext()
     rng = random.Random(0)
     gpu_ids = rng.sample(range(blocks * 2), blocks)  # scattered, as in a real pool
@@ -169,12 +177,36 @@ def bench_transfer(
 
     t_load = best_of(repeat, load)
     ok = torch.equal(buffers.gpu[0][load_ids].cpu(), expected)
+
+    # The peer: one contiguous copy of the same bytes between the device and host memory
+    # of the same kind (pinned on CUDA), the floor any block gather/scatter pays.
+    src = buffers.gpu[0][:blocks]
+    host = torch.empty(src.shape, dtype=src.dtype, pin_memory=buffers.device.type == "cuda")
+
+    def sync() -> None:
+        if buffers.device.type == "cuda":
+            torch.cuda.synchronize(buffers.device)
+
+    def copy_out() -> None:
+        host.copy_(src, non_blocking=True)
+        sync()
+
+    def copy_in() -> None:
+        src.copy_(host, non_blocking=True)
+        sync()
+
+    t_copy_out = best_of(repeat, copy_out)
+    t_copy_in = best_of(repeat, copy_in)
     return {
         "device": str(buffers.device),
         "blocks": blocks,
         "block_bytes": buffers.block_bytes(0),
         "store_gb_per_s": nbytes / t_store / 1e9,
         "load_gb_per_s": nbytes / t_load / 1e9,
+        "copy_out_gb_per_s": nbytes / t_copy_out / 1e9,
+        "copy_in_gb_per_s": nbytes / t_copy_in / 1e9,
+        "store_vs_copy": t_copy_out / t_store,
+        "load_vs_copy": t_copy_in / t_load,
         "round_trip_exact": ok,
     }
 
@@ -190,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--device", default=None)
+    ap.add_argument(
+        "--direct-run-bytes",
+        type=int,
+        default=None,
+        help="TransferWorker.direct_run_bytes (1e18: always gather + scatter)",
+    )
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -197,7 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         "hashing": bench_hashing(args.hash_tokens, args.repeat),
         "engine": bench_engine(args.requests, args.prompt_tokens, args.groups),
         "transfer": bench_transfer(
-            args.transfer_blocks, args.heads, args.head_dim, args.repeat, args.device
+            args.transfer_blocks,
+            args.heads,
+            args.head_dim,
+            args.repeat,
+            args.device,
+            args.direct_run_bytes,
         ),
     }
     if args.json:
@@ -218,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
          f"{e['hit_rate']:.2f} / {e['offloaded_blocks']} / {e['loaded_blocks']}"),
         ("transfer", f"store {t['blocks']} x {t['block_bytes'] // 1024} KiB, {t['device']} (GB/s)",
          f"{t['store_gb_per_s']:.2f}"),
+        ("transfer", "  vs one contiguous copy", f"{t['store_vs_copy']:.2f}x"),
         ("transfer", "load (GB/s)", f"{t['load_gb_per_s']:.2f}"),
+        ("transfer", "  vs one contiguous copy", f"{t['load_vs_copy']:.2f}x"),
         ("transfer", "round trip exact", str(t["round_trip_exact"])),
     ]  # fmt: skip
     width = max(len(r[1]) for r in rows)

@@ -6,8 +6,14 @@ device is CUDA, so copies can be asynchronous). Block ids index the first dimens
 both tiers: the GPU pool's ids on the device, the CPU manager's ``CPULoadStoreSpec`` ids
 on the host.
 
-A transfer moves a *set* of blocks with one gather (``index_select``) and one scatter
-(``index_copy_``) per group. On CUDA the device side runs on a dedicated stream and the
+A transfer moves a *set* of blocks per group, its pairs sorted by CPU id. Where the CPU ids
+form long runs (the manager hands out free slots in order, so they usually do) each run is
+one copy straight between the device and the CPU pool: on CUDA one DMA per run into or out
+of pinned memory, with no host-side work at all. Otherwise the blocks go through one gather
+(``index_select``) and one scatter (``index_copy_``) per group, via pinned staging on CUDA.
+Host-side gathers and scatters move rows of 8-byte words, not KV elements: torch's CPU
+indexing copies such rows with memcpy, 2-8x faster than bfloat16 elements
+(``benchmarks/engine.py``). On CUDA the device side runs on a dedicated stream and the
 host side is finished when its event has fired; ``poll``/``wait`` then report completion
 to the offloading manager (``complete_store`` / ``complete_load``), exactly once per job.
 """
@@ -28,9 +34,31 @@ from schemas.hit_rule import GroupSpec
 
 _MOD = 65521  # prime < 2**16: pattern values are exact in float32
 
+# Runs of consecutive CPU ids averaging at least this many bytes are copied run by run; a
+# copy costs a few microseconds to issue (Python + cudaMemcpyAsync), about what a host
+# memcpy of this many bytes costs, so shorter runs go through one gather + scatter instead.
+DIRECT_RUN_BYTES = 256 * 1024
+
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (contiguous) as one row of 8-byte words (or bytes) per block."""
+    flat = t.view(t.shape[0], -1).view(torch.uint8)
+    return flat.view(torch.int64) if flat.shape[1] % 8 == 0 else flat
+
+
+def runs_of(ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(position, first id, length)`` of each maximal run of consecutive ``ids``."""
+    out: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            out.append((start, ids[start], i - start))
+            start = i
+    return out
 
 
 class KVBuffers:
@@ -117,7 +145,18 @@ class _Job:
 
 
 @dataclass(slots=True)
+class _Pairs:
+    """One group's share of a transfer, sorted by CPU id."""
+
+    gidx: torch.Tensor  # device block ids (on the device)
+    cidx: torch.Tensor  # CPU block ids, ascending (on the host)
+    runs: list[tuple[int, int, int]]  # runs_of(CPU ids)
+    direct: bool  # copied run by run (no gather/scatter on the host)
+
+
+@dataclass(slots=True)
 class TransferStats:
+    direct_groups: int = 0  # group copies done run by run
     store_jobs: int = 0
     load_jobs: int = 0
     store_bytes: int = 0
@@ -137,6 +176,8 @@ class TransferWorker:
         self._jobs: dict[int, _Job] = {}
         self._cuda = buffers.device.type == "cuda"
         self._stream = torch.cuda.Stream(device=buffers.device) if self._cuda else None
+        self.direct_run_bytes = DIRECT_RUN_BYTES
+        self._scratch_bufs: dict[int, torch.Tensor] = {}
 
     @property
     def in_flight(self) -> int:
@@ -170,46 +211,90 @@ class TransferWorker:
         gpu_block_ids: Sequence[int],
         spec: CPULoadStoreSpec,
         ctx: ReqContext,
-        copy_group: Callable[[_Job, int, torch.Tensor, torch.Tensor], None],
+        copy_group: Callable[[_Job, int, _Pairs], None],
     ) -> int:
-        """One job: per group, index tensors for both tiers and one ``copy_group`` call."""
+        """One job: per group, the (GPU id, CPU id) pairs sorted by CPU id, one ``copy_group``."""
         job = self._new_job(kind, keys, ctx)
         buf = self.buffers
         for g, gpu_ids, cpu_ids in self._by_group(keys, gpu_block_ids, spec.block_ids):
             job.nbytes += len(gpu_ids) * buf.block_bytes(g)
-            gidx = torch.tensor(gpu_ids, dtype=torch.int64, device=buf.device)
-            cidx = torch.tensor(cpu_ids, dtype=torch.int64)
-            copy_group(job, g, gidx, cidx)
+            order = sorted(range(len(cpu_ids)), key=cpu_ids.__getitem__)
+            cids = [cpu_ids[i] for i in order]
+            runs = runs_of(cids)
+            nbytes = len(cids) * buf.block_bytes(g)
+            direct = len(runs) == 1 or nbytes >= self.direct_run_bytes * len(runs)
+            self.stats.direct_groups += direct
+            gidx = torch.tensor([gpu_ids[i] for i in order], dtype=torch.int64, device=buf.device)
+            copy_group(job, g, _Pairs(gidx, torch.tensor(cids, dtype=torch.int64), runs, direct))
         self._finish_submit(job)
         return job.job_id
 
-    def _store_group(self, job: _Job, g: int, gidx: torch.Tensor, cidx: torch.Tensor) -> None:
-        """Device -> host: gather on the copy stream; the host scatter waits for the event."""
-        buf = self.buffers
-        if self._stream is None:
-            buf.cpu[g].index_copy_(0, cidx, buf.gpu[g].index_select(0, gidx))
-            return
-        self._stream.wait_stream(torch.cuda.current_stream(buf.device))
-        with torch.cuda.stream(self._stream):
-            gathered = buf.gpu[g].index_select(0, gidx)
-            staging = torch.empty(gathered.shape, dtype=buf.dtype, pin_memory=True)
-            staging.copy_(gathered, non_blocking=True)
-        job.keep_alive += [gathered, gidx]
-        job.host_scatter.append((buf.cpu[g], cidx, staging))
+    def _scratch(self, g: int, n: int) -> torch.Tensor:
+        """A reusable host buffer of ``n`` blocks of group ``g`` (fresh memory is page-faulted
+        in on first touch, which costs more than the copy itself)."""
+        cur = self._scratch_bufs.get(g)
+        if cur is None or cur.shape[0] < n:
+            cur = torch.empty((n, *self.buffers.cpu[g].shape[1:]), dtype=self.buffers.dtype)
+            self._scratch_bufs[g] = cur
+        return cur[:n]
 
-    def _load_group(self, job: _Job, g: int, gidx: torch.Tensor, cidx: torch.Tensor) -> None:
-        """Host -> device: gather into pinned staging now, copy + scatter on the stream."""
+    def _store_group(self, job: _Job, g: int, p: _Pairs) -> None:
+        """Device -> host: gather on the copy stream, then one copy per CPU run (or into
+        pinned staging that the host scatters once the event fired)."""
         buf = self.buffers
+        cpu, dev = buf.cpu[g], buf.gpu[g]
         if self._stream is None:
-            buf.gpu[g].index_copy_(0, gidx, buf.cpu[g].index_select(0, cidx))
+            if p.direct:
+                for pos, first, n in p.runs:
+                    torch.index_select(_rows(dev), 0, p.gidx[pos : pos + n],
+                                       out=_rows(cpu[first : first + n]))  # fmt: skip
+            else:
+                staged = self._scratch(g, len(p.cidx))
+                torch.index_select(_rows(dev), 0, p.gidx, out=_rows(staged))
+                _rows(cpu).index_copy_(0, p.cidx, _rows(staged))
             return
-        staging = torch.empty((len(cidx), *buf.cpu[g].shape[1:]), dtype=buf.dtype, pin_memory=True)
-        torch.index_select(buf.cpu[g], 0, cidx, out=staging)
         self._stream.wait_stream(torch.cuda.current_stream(buf.device))
         with torch.cuda.stream(self._stream):
-            on_device = staging.to(buf.device, non_blocking=True)
-            buf.gpu[g].index_copy_(0, gidx, on_device)
-        job.keep_alive += [staging, on_device, gidx]
+            gathered = dev.index_select(0, p.gidx)
+            if p.direct:
+                for pos, first, n in p.runs:
+                    cpu[first : first + n].copy_(gathered[pos : pos + n], non_blocking=True)
+            else:
+                staging = torch.empty(gathered.shape, dtype=buf.dtype, pin_memory=True)
+                staging.copy_(gathered, non_blocking=True)
+                job.host_scatter.append((cpu, p.cidx, staging))
+        job.keep_alive += [gathered, p.gidx]
+
+    def _load_group(self, job: _Job, g: int, p: _Pairs) -> None:
+        """Host -> device: one copy per CPU run (or a host gather into pinned staging and one
+        copy), then the scatter into the device blocks, on the copy stream."""
+        buf = self.buffers
+        cpu, dev = buf.cpu[g], buf.gpu[g]
+        if self._stream is None:
+            if p.direct:
+                for pos, first, n in p.runs:
+                    _rows(dev).index_copy_(0, p.gidx[pos : pos + n], _rows(cpu[first : first + n]))
+            else:
+                staged = self._scratch(g, len(p.cidx))
+                torch.index_select(_rows(cpu), 0, p.cidx, out=_rows(staged))
+                _rows(dev).index_copy_(0, p.gidx, _rows(staged))
+            return
+        shape = (len(p.cidx), *cpu.shape[1:])
+        staging = None
+        if not p.direct:
+            staging = torch.empty(shape, dtype=buf.dtype, pin_memory=True)
+            torch.index_select(_rows(cpu), 0, p.cidx, out=_rows(staging))
+        self._stream.wait_stream(torch.cuda.current_stream(buf.device))
+        with torch.cuda.stream(self._stream):
+            if staging is None:
+                on_device = torch.empty(shape, dtype=buf.dtype, device=buf.device)
+                for pos, first, n in p.runs:
+                    on_device[pos : pos + n].copy_(cpu[first : first + n], non_blocking=True)
+            else:
+                on_device = staging.to(buf.device, non_blocking=True)
+                job.keep_alive.append(staging)
+            dev.index_copy_(0, p.gidx, on_device)
+        job.keep_alive += [on_device, p.gidx]
 
     # -------------------------------------------------------------- complete
     def poll(self) -> list[int]:
@@ -243,7 +328,7 @@ class TransferWorker:
 
     def _complete(self, job: _Job) -> None:
         for cpu, cidx, staging in job.host_scatter:
-            cpu.index_copy_(0, cidx, staging)
+            _rows(cpu).index_copy_(0, cidx, _rows(staging))
         del self._jobs[job.job_id]
         elapsed = time.perf_counter() - job.started
         s = self.stats

@@ -8,7 +8,7 @@ import torch
 from offload_core.base import ReqContext, make_offload_key
 from offload_core.cpu import CPUOffloadingManager
 from offload_core.groups import parse_groups
-from offload_core.transfer import KVBuffers, TransferWorker, default_device
+from offload_core.transfer import KVBuffers, TransferWorker, default_device, runs_of
 from schemas.hashing import block_hashes
 
 CTX = ReqContext()
@@ -107,3 +107,53 @@ def test_misaligned_ids_are_rejected() -> None:
     assert out is not None
     with pytest.raises(ValueError):
         worker.store(keys, [0], out.store_spec, CTX)
+
+
+def test_runs_of_splits_at_every_gap() -> None:
+    assert runs_of([]) == []
+    assert runs_of([4]) == [(0, 4, 1)]
+    assert runs_of([0, 1, 2, 5, 6, 9]) == [(0, 0, 3), (3, 5, 2), (5, 9, 1)]
+
+
+def _store_all(
+    worker: TransferWorker, manager: CPUOffloadingManager, keys: list, gpu_ids: list[int]
+) -> list[int]:
+    out = manager.prepare_store(keys, CTX)
+    assert out is not None and out.keys_to_store == keys
+    worker.store(keys, gpu_ids, out.store_spec, CTX)
+    worker.wait()
+    return list(out.store_spec.block_ids)
+
+
+@pytest.mark.parametrize("direct_run_bytes", [0, 1 << 40], ids=["run_by_run", "gather_scatter"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fragmented_and_reversed_cpu_ids_round_trip(
+    direct_run_bytes: int, dtype: torch.dtype
+) -> None:
+    """CPU ids the manager hands out after evictions are neither ascending nor one run:
+    both copy paths (a copy per run, or one gather + scatter) put every block's bytes in
+    its own slot and back."""
+    buffers, manager, worker = _setup("full:4", gpu=16, cpu=8, dtype=dtype)
+    worker.direct_run_bytes = direct_run_bytes
+    d = block_hashes(list(range(64)), 4)
+    first = [make_offload_key(x, 0) for x in d[:8]]
+    buffers.write(0, list(range(8)), d[:8])
+    _store_all(worker, manager, first, list(range(8)))
+    manager.touch(first[1::2], CTX)  # the even ones become least recently used
+    fresh = [make_offload_key(x, 0) for x in d[8:12]]
+    gpu_ids = [15, 9, 12, 10]
+    buffers.write(0, gpu_ids, d[8:12])
+    cpu_ids = _store_all(worker, manager, fresh, gpu_ids)
+    assert sorted(cpu_ids) == [0, 2, 4, 6] and cpu_ids != sorted(cpu_ids)
+    direct_before = worker.stats.direct_groups
+    for t in buffers.gpu:
+        t.fill_(-1)
+    keys = fresh + first[1:4:2]  # fragmented ids, then a run in reverse order
+    spec = manager.prepare_load(keys, CTX)
+    new_ids = [3, 0, 14, 7, 2, 5]
+    worker.load(keys, spec, new_ids, CTX)
+    worker.wait()
+    assert buffers.matches(0, new_ids, [*d[8:12], d[1], d[3]])
+    assert worker.stats.direct_groups - direct_before == (1 if direct_run_bytes == 0 else 0)
+    # The slots the manager freed really were overwritten (the evicted blocks are gone).
+    assert not torch.equal(buffers.cpu[0][0].cpu(), buffers.pattern(0, [d[0]])[0].cpu())
