@@ -55,3 +55,24 @@ def test_route_answers_the_warming_prefixes(router: RouterProc) -> None:
     assert r.json()["warm_prefixes"] == [64, 128, 192]
     done = httpx.post(f"{router.url}/v1/requests/warm-route/finish", timeout=10)
     assert done.status_code == 204
+
+
+def test_a_long_chat_request_is_warmed_with_the_engines_own_tokens(router: RouterProc) -> None:
+    """Chat: the warming requests carry the proxy's rendering of the chat template as token
+    ids; the engine renders the chat request itself. Its cached tokens are every warmed
+    token only if both renderings agree token for token."""
+    engine = router.engines[0]
+    before = engine.stats()
+    sent_before = counter(router, "kvroute_proxy_warm_requests_total")
+    words = " ".join(f"w{i}" for i in range(300))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": words}]
+    with openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0) as client:
+        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    warmed = int(counter(router, "kvroute_proxy_warm_requests_total") - sent_before)
+    assert warmed >= 2 and reply.usage is not None
+    n = reply.usage.prompt_tokens
+    assert 64 * warmed < n <= 64 * (warmed + 1)
+    assert reply.usage.prompt_tokens_details.cached_tokens == 64 * warmed
+    after = engine.stats()
+    assert after["requests"] - before["requests"] == warmed + 1
+    assert after["prompt_tokens"] - before["prompt_tokens"] == 32 * warmed * (warmed + 1) + n
