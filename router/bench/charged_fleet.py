@@ -38,6 +38,9 @@ class ChargedFleet(Fleet):
         self._pending: dict[str, tuple[int, int, int]] = {}  # rid -> (worker, n, estimate)
         self.tpot: list[float] = []
         self.warm_requests = 0  # prefix-warming requests sent (``Decision.warm``)
+        # The routing core's idle share and hit-loss rate as each request saw them.
+        self._idle_sum = 0.0
+        self._loss_sum = 0.0
 
     def _push(self, t: float, kind: str, payload: Any) -> None:
         self._seq += 1
@@ -113,6 +116,8 @@ class ChargedFleet(Fleet):
         self._pending[req.request_id] = (w, n, decision.hit_tokens)
         self.sims[w].submit(req.request_id, now, prepared, req.output_tokens, decision.warm)
         self.warm_requests += len(decision.warm)
+        self._idle_sum += self.core.idle
+        self._loss_sum += self.core.pressure.loss_rate
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
@@ -128,4 +133,7 @@ class ChargedFleet(Fleet):
         out["busy_imbalance"] = round(max(busy) / mean, 4) if mean else 1.0
         pressure = self.core.pressure  # hit checks (continuations, admissions) lost
         out["hits_lost_to_eviction"] = round(pressure.losses / max(pressure.samples, 1), 4)
+        seen = max(self.stats.requests, 1)
+        out["idle_share_mean"] = round(self._idle_sum / seen, 4)
+        out["loss_rate_mean"] = round(self._loss_sum / seen, 4)
         return out

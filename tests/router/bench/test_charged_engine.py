@@ -171,6 +171,10 @@ def test_bench_charged_with_the_anchors(capsys: pytest.CaptureFixture[str]) -> N
         assert m["ttft_p50_s"] <= m["ttft_p99_s"], name
         assert m["tpot_mean_s"] > 0
         assert m["busy_imbalance"] >= 1.0, name  # max / mean of engine-seconds
+        # The routing core's state as each request saw it: at load 0.8 on four workers
+        # some are busy some of the time, never all of them all the time.
+        assert 0.0 < m["idle_share_mean"] < 1.0, name
+        assert 0.0 <= m["loss_rate_mean"] <= 1.0, name
 
 
 def test_bench_slice_and_load(capsys: pytest.CaptureFixture[str]) -> None:
