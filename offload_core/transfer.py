@@ -217,11 +217,11 @@ class TransferWorker:
         job = self._new_job(kind, keys, ctx)
         buf = self.buffers
         for g, gpu_ids, cpu_ids in self._by_group(keys, gpu_block_ids, spec.block_ids):
-            job.nbytes += len(gpu_ids) * buf.block_bytes(g)
+            nbytes = len(gpu_ids) * buf.block_bytes(g)
+            job.nbytes += nbytes
             order = sorted(range(len(cpu_ids)), key=cpu_ids.__getitem__)
             cids = [cpu_ids[i] for i in order]
             runs = runs_of(cids)
-            nbytes = len(cids) * buf.block_bytes(g)
             direct = len(runs) == 1 or nbytes >= self.direct_run_bytes * len(runs)
             self.stats.direct_groups += direct
             gidx = torch.tensor([gpu_ids[i] for i in order], dtype=torch.int64, device=buf.device)
