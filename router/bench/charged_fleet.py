@@ -14,6 +14,7 @@ from typing import Any
 from offload_core.kv_cache import Request as EngineRequest
 from router.bench.charged import ChargedEngine, ChargedModel, EngineNotes
 from router.bench.sim import Fleet
+from router.bench.turn_loss import TurnLoss
 from router.bench.workloads import Request
 
 
@@ -41,6 +42,11 @@ class ChargedFleet(Fleet):
         # The routing core's idle share and hit-loss rate as each request saw them.
         self._idle_sum = 0.0
         self._loss_sum = 0.0
+        # Hits lost to eviction as the engines saw them, the same way for every policy:
+        # a previous turn evicted before the next was routed, a hit evicted in the queue.
+        self.turn_loss = TurnLoss(self.engines)
+        self._expected_hits = 0
+        self._queue_lost = 0
 
     def _push(self, t: float, kind: str, payload: Any) -> None:
         self._seq += 1
@@ -68,6 +74,8 @@ class ChargedFleet(Fleet):
         self.core.observe_cached(est, truth)
         s = self.stats
         s.hit_tokens += saved
+        self._expected_hits += est
+        self._queue_lost += max(0, est - truth)
         s.exact += est == truth
         s.abs_err += abs(est - truth)
         s.over += est > truth
@@ -86,6 +94,7 @@ class ChargedFleet(Fleet):
                 await self._apply(payload[0], payload[1], t)
             elif kind == "first":
                 self.core.first_token(payload, now=t)
+                self.turn_loss.prefilled(payload)
             else:
                 self.core.finish(payload, now=t)
 
@@ -95,6 +104,7 @@ class ChargedFleet(Fleet):
         now = req.arrival
         await self.advance(now)
         tokens = req.token_ids if packed is None else packed
+        self.turn_loss.check(req.session_id, prepared)
         scores = await self.scorer.score_result(tokens, self.worker_ids)  # type: ignore[arg-type]
         engines = {wid: sim.stats() for wid, sim in zip(self.worker_ids, self.sims, strict=True)}
         decision = self.core.route(
@@ -114,6 +124,7 @@ class ChargedFleet(Fleet):
         s.tokens_by_worker[w] += n
         s.predicted_used += decision.predicted_tokens > decision.hit_tokens
         self._pending[req.request_id] = (w, n, decision.hit_tokens)
+        self.turn_loss.served(req.session_id, req.request_id, w, prepared)
         self.sims[w].submit(req.request_id, now, prepared, req.output_tokens, decision.warm)
         self.warm_requests += len(decision.warm)
         self._idle_sum += self.core.idle
@@ -131,8 +142,12 @@ class ChargedFleet(Fleet):
         busy = [sim.busy_s for sim in self.sims]
         mean = sum(busy) / len(busy)
         out["busy_imbalance"] = round(max(busy) / mean, 4) if mean else 1.0
-        pressure = self.core.pressure  # hit checks (continuations, admissions) lost
+        # The routing core's own samples: continuations (kv_aware's prefix memory only)
+        # and admission reports, so not comparable across policies; the next three are.
+        pressure = self.core.pressure
         out["hits_lost_to_eviction"] = round(pressure.losses / max(pressure.samples, 1), 4)
+        out.update(self.turn_loss.summary())
+        out["queue_hit_tokens_lost"] = round(self._queue_lost / max(self._expected_hits, 1), 4)
         seen = max(self.stats.requests, 1)
         out["idle_share_mean"] = round(self._idle_sum / seen, 4)
         out["loss_rate_mean"] = round(self._loss_sum / seen, 4)
