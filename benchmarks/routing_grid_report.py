@@ -59,6 +59,33 @@ def table(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def losses(cells: list[dict[str, Any]]) -> str:
+    """Hits lost to eviction, measured from the engines alike for every policy (charged
+    engines only): a session's previous turn evicted before its next turn was routed (a
+    share of the tokens the two share), and hits evicted while a request queued (a share
+    of the hit tokens expected at routing). Empty for grids run before these were kept."""
+    kept = [c for c in cells if "prev_turn_tokens_evicted" in c["policies"]["kv_aware"]]
+    if not kept:
+        return ""
+    head = "| workload | N | cache | load |" + "".join(f" {p} |" for p in POLICIES)
+    lines = [
+        "previous turn evicted (% of shared tokens) / queue loss (% of expected hits)",
+        "",
+        head,
+        "|" + "---|" * (4 + len(POLICIES)),
+    ]
+    for c in kept:
+        row = f"| {c['workload']} | {c['workers']} | {c['cache']} | {c['load']:g} |"
+        for p in POLICIES:
+            m = c["policies"][p]
+            row += (
+                f" {100 * m['prev_turn_tokens_evicted']:.1f} / "
+                f"{100 * m['queue_hit_tokens_lost']:.2f} |"
+            )
+        lines.append(row)
+    return "\n".join(lines)
+
+
 def summary(cells: list[dict[str, Any]]) -> str:
     """Cells where kv_aware is at or ahead of every anchor on hit rate and TTFT p99 (and,
     counted apart, where its TTFT p50 is at or under every anchor's, and where its
@@ -142,6 +169,10 @@ def main() -> int:
     print(table(cells))
     print()
     print(summary(cells))
+    lost = losses(cells)
+    if lost:
+        print()
+        print(lost)
     for p in plots(cells, ROOT / "docs", a.suffix, a.note):
         print(f"wrote {p.relative_to(ROOT)}", file=sys.stderr)
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.routing_grid import ANCHORS
-from benchmarks.routing_grid_report import summary
+from benchmarks.routing_grid_report import POLICIES, losses, summary
 
 
 def _cell(kv: tuple[float, float, float], anchor: tuple[float, float, float]) -> dict[str, Any]:
@@ -43,3 +43,18 @@ def test_busy_time_imbalance_is_counted_where_every_cell_has_it() -> None:
     assert "busy-time" not in summary(cells)
     cells[1]["policies"]["kv_aware"]["busy_imbalance"] = 1.20
     assert summary(cells).endswith("engine busy-time imbalance <= 1.10 in 1/2")
+
+
+def test_the_loss_table_lists_every_policy_where_the_grid_kept_it() -> None:
+    cells = [_cell((0.40, 0.20, 5.0), (0.30, 0.30, 6.0))]
+    for p in POLICIES:
+        cells[0]["policies"].setdefault(p, dict(cells[0]["policies"]["kv_aware"]))
+    cells[0].update(workload="mooncake", workers=32, cache="tight", load=0.9)
+    assert losses(cells) == ""  # grids recorded before the fields existed
+    for i, p in enumerate(POLICIES):
+        m = cells[0]["policies"][p]
+        m["prev_turn_tokens_evicted"], m["queue_hit_tokens_lost"] = 0.01 * (i + 1), 0.0005
+    rows = losses(cells).splitlines()
+    assert rows[-1] == "| mooncake | 32 | tight | 0.9 |" + "".join(
+        f" {i + 1}.0 / 0.05 |" for i in range(len(POLICIES))
+    )
