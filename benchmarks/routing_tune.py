@@ -108,7 +108,7 @@ def main() -> int:
                     print(
                         f"  {name} {_name(k):28s} hit {kv['hit_rate']:.4f} (best {best_hit:.4f})"
                         f" p50 {kv['ttft_p50_s']:.2f} (best {best_p50:.2f})"
-                        f" p99 {kv['ttft_p99_s']:.2f} (best {best_p99:.2f})"
+                        f" p99 {kv['ttft_p99_s']:.3f} (best {best_p99:.3f})"
                         f" imb {kv['imbalance']:.2f} {'OK' if h and p else ''}",
                         flush=True,
                     )

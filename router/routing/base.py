@@ -150,6 +150,10 @@ class PolicyWeights:
     # blocks free to evict, and re-computing it costs more than the chunking saves
     # (tight caches at load 0.9: docs/routing.md).
     warm_idle: float = 0.15
+    # ... and only for a request with at most ``warm_cached`` of its prompt expected
+    # cached (1: any): between two warming requests nothing holds the cached prefix, so
+    # a queue long enough to evict it costs the hit the request was routed for.
+    warm_cached: float = 1.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 

@@ -260,6 +260,8 @@ class RoutingCore:
         chunk = weights.warm_chunk
         if chunk <= 0 or policy != DEFAULT_POLICY or self.idle < weights.warm_idle:
             return ()
+        if expected > weights.warm_cached * n:
+            return ()
         return warm_prefixes(n, expected, int(chunk))
 
     def _learn_pressure(

@@ -74,3 +74,17 @@ def test_no_warming_while_the_fleet_is_mostly_busy() -> None:
     assert warmed[0] == (4096, 8192)  # the backlog builds up, nothing finishes
     assert c.idle < PolicyWeights().warm_idle and warmed[-1] == ()
     assert core(warm_chunk=4096, warm_idle=0.0).route("x", tokens, [Score("a")]).warm
+
+
+def test_no_warming_for_a_request_mostly_cached_where_warm_cached_says_so() -> None:
+    # Between two warming requests nothing holds the cached prefix: a request routed for
+    # a large hit is sent as it is, so that it holds its blocks from admission on.
+    tokens = list(range(30_000))
+    mostly = [Score("a", 20_480, 20_480, 20_480.0)]  # 68% cached
+    partly = [Score("a", 12_288, 12_288, 12_288.0)]  # 41% cached
+    assert core(warm_chunk=4096).route("r", tokens, mostly, now=0.0).warm == (24_576, 28_672)
+    gated = dict(warm_chunk=4096, warm_cached=0.5)
+    assert core(**gated).route("m", tokens, mostly, now=0.0).warm == ()
+    # (A core of its own: the first decision would be predicted cached here.)
+    warmed = core(**gated).route("p", tokens, partly, now=0.0).warm
+    assert warmed == (16_384, 20_480, 24_576, 28_672)
