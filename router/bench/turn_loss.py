@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 
 from offload_core.kv_cache import KVCacheManager
 from offload_core.kv_cache import Request as EngineRequest
@@ -30,12 +31,7 @@ class _Turn:
 
 def common_blocks(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     """Leading block digests two prompts share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return sum(1 for _ in takewhile(lambda pair: pair[0] == pair[1], zip(a, b, strict=False)))
 
 
 class TurnLoss:
