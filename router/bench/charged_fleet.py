@@ -143,7 +143,8 @@ class ChargedFleet(Fleet):
         mean = sum(busy) / len(busy)
         out["busy_imbalance"] = round(max(busy) / mean, 4) if mean else 1.0
         # The routing core's own samples: continuations (kv_aware's prefix memory only)
-        # and admission reports, so not comparable across policies; the next three are.
+        # and admission reports, so not comparable across policies; the engines' figures
+        # that follow (previous turns evicted, queue loss) are.
         pressure = self.core.pressure
         out["hits_lost_to_eviction"] = round(pressure.losses / max(pressure.samples, 1), 4)
         out.update(self.turn_loss.summary())
