@@ -1,0 +1,135 @@
+"""One grid cell's hit-rate / TTFT-p99 trade-off: ``kv_aware`` over a sweep of weights,
+against the anchors' points.
+
+    .venv/bin/python benchmarks/routing_frontier.py --cell 32,tight,0.9 \
+        --sweep backlog_large=0,0.005,0.01,0.02,0.04 --sweep held_large=0,0.02 \
+        --out benchmarks/results/routing_frontier_n32_tight_09.json \
+        --plot docs/routing_frontier_n32_tight_0.9.png
+
+Where ``kv_aware`` trails an anchor on one figure and leads it on the other, the question
+the issue asks is whether any setting of its weights is ahead on both. Every combination
+of the ``--sweep`` values is run on the cell (the grid's arguments and seeds, Mooncake,
+both splits by default), the anchors once per split; the plot puts each point on hit rate
+against TTFT p99, so a setting ahead of an anchor on both lies up and to the left of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.routing_grid import ANCHORS, cell_argv  # noqa: E402
+from router.bench.commands import build_parser, run_bench  # noqa: E402
+
+
+def _run(
+    cell: tuple[int, str, float], split: str, policies: tuple[str, ...], weights: str
+) -> dict[str, Any]:
+    argv = cell_argv("mooncake", *cell, split, ["--weights", weights] if weights else [])
+    for p in policies:
+        argv += ["--policy", p]
+    return run_bench(build_parser().parse_args(argv))["policies"]
+
+
+def settings(sweeps: list[str]) -> list[str]:
+    """Every combination of ``name=v1,v2`` sweeps, as ``--weights`` strings."""
+    axes = []
+    for sweep in sweeps:
+        name, _, values = sweep.partition("=")
+        axes.append([f"{name}={v}" for v in values.split(",")])
+    return [",".join(combo) for combo in itertools.product(*axes)]
+
+
+def _short(weights: str) -> str:
+    """``backlog_large=0.01,held_large=0.02`` -> ``bl 0.01, hl 0.02`` (plot labels)."""
+    if not weights:
+        return "defaults"
+    parts = []
+    for item in weights.split(","):
+        name, _, value = item.partition("=")
+        parts.append("".join(w[0] for w in name.split("_")) + " " + value)
+    return ", ".join(parts)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = list(result["splits"])
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4.8), squeeze=False)
+    for ax, split in zip(axes[0], splits, strict=True):
+        runs = result["splits"][split]
+        kv = runs["kv_aware"]
+        floor = min(m["hit_rate"] for m in kv.values()) - 0.01
+        for name, m in kv.items():
+            x, y = m["ttft_p99_s"], 100 * m["hit_rate"]
+            ax.scatter(x, y, color="tab:green" if not name else "tab:blue", s=20)
+            ax.annotate(_short(name), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        left_out = []
+        for a in ANCHORS:
+            m = runs["anchors"][a]
+            if m["hit_rate"] < floor:
+                left_out.append(f"{a} {100 * m['hit_rate']:.1f}% / {m['ttft_p99_s']:.1f} s")
+                continue
+            x, y = m["ttft_p99_s"], 100 * m["hit_rate"]
+            ax.scatter(x, y, marker="s", color="tab:red", s=36)
+            ax.annotate(a, (x, y), fontsize=8, xytext=(3, -9), textcoords="offset points")
+        ax.set_xlabel("TTFT p99 (s)")
+        ax.set_ylabel("hit rate (%)")
+        title = f"{result['cell']}, {split} split"
+        if left_out:
+            title += "\nbelow the plot: " + "; ".join(left_out)
+        ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cell", default="32,tight,0.9", help="N,cache,load")
+    ap.add_argument("--sweep", action="append", default=[], help="name=v1,v2,...")
+    ap.add_argument("--splits", default="tune,report")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", default=None)
+    ap.add_argument("--replot", default=None, help="a previous --out JSON: plot it, run nothing")
+    args = ap.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text()), Path(args.plot or "frontier.png"))
+        return 0
+    n, cache, load = args.cell.split(",")
+    cell = (int(n), cache, float(load))
+    variants = ["", *(v for v in settings(args.sweep) if v)]  # "" is the defaults
+    splits = args.splits.split(",")
+    with ProcessPoolExecutor(args.jobs) as pool:
+        anchors = {s: pool.submit(_run, cell, s, ANCHORS, "") for s in splits}
+        runs = {
+            (s, v): pool.submit(_run, cell, s, ("kv_aware",), v) for s in splits for v in variants
+        }
+        result: dict[str, Any] = {"cell": f"mooncake N={n} {cache} load {load}", "splits": {}}
+        for s in splits:
+            kv = {v: runs[(s, v)].result()["kv_aware"] for v in variants}
+            result["splits"][s] = {"anchors": anchors[s].result(), "kv_aware": kv}
+            points = {**kv, **result["splits"][s]["anchors"]}
+            for name, m in points.items():
+                label = name or "defaults"
+                print(f"{s:6s} {label:40s} hit {m['hit_rate']:.4f} p99 {m['ttft_p99_s']:.3f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot(result, Path(args.plot))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
