@@ -26,17 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.routing_grid import ANCHORS, cell_argv  # noqa: E402
-from router.bench.commands import build_parser, run_bench  # noqa: E402
-
-
-def _run(
-    cell: tuple[int, str, float], split: str, policies: tuple[str, ...], weights: str
-) -> dict[str, Any]:
-    argv = cell_argv("mooncake", *cell, split, ["--weights", weights] if weights else [])
-    for p in policies:
-        argv += ["--policy", p]
-    return run_bench(build_parser().parse_args(argv))["policies"]
+from benchmarks.routing_grid import ANCHORS  # noqa: E402
+from benchmarks.routing_tune import run_cell  # noqa: E402
 
 
 def settings(sweeps: list[str]) -> list[str]:
@@ -108,13 +99,15 @@ def main() -> int:
         plot(json.loads(Path(args.replot).read_text()), Path(args.plot or "frontier.png"))
         return 0
     n, cache, load = args.cell.split(",")
-    cell = (int(n), cache, float(load))
+    cell = ("mooncake", int(n), cache, float(load))
     variants = ["", *(v for v in settings(args.sweep) if v)]  # "" is the defaults
     splits = args.splits.split(",")
     with ProcessPoolExecutor(args.jobs) as pool:
-        anchors = {s: pool.submit(_run, cell, s, ANCHORS, "") for s in splits}
+        anchors = {s: pool.submit(run_cell, cell, ANCHORS, "", [], s) for s in splits}
         runs = {
-            (s, v): pool.submit(_run, cell, s, ("kv_aware",), v) for s in splits for v in variants
+            (s, v): pool.submit(run_cell, cell, ("kv_aware",), v, [], s)
+            for s in splits
+            for v in variants
         }
         result: dict[str, Any] = {"cell": f"mooncake N={n} {cache} load {load}", "splits": {}}
         for s in splits:

@@ -32,9 +32,12 @@ from router.bench.commands import build_parser, run_bench  # noqa: E402
 Key = tuple[str, int, str, float]
 
 
-def _run(key: Key, policies: tuple[str, ...], weights: str, extra: list[str]) -> dict[str, Any]:
+def run_cell(
+    key: Key, policies: tuple[str, ...], weights: str, extra: list[str], split: str = "tune"
+) -> dict[str, Any]:
+    """Per-policy results of one grid cell (``--weights`` for ``kv_aware`` if given)."""
     workload, n, cache, load = key
-    argv = cell_argv(workload, n, cache, load, "tune", extra)
+    argv = cell_argv(workload, n, cache, load, split, extra)
     if weights:
         argv += ["--weights", weights]
     for p in policies:
@@ -77,9 +80,9 @@ def main() -> int:
     variants = [v.partition(":")[::2] for v in args.variants]
     extra = args.extra.split()
     with ProcessPoolExecutor(args.jobs) as pool:
-        futs = {_name(k): pool.submit(_run, k, ANCHORS, "", extra) for k in missing}
+        futs = {_name(k): pool.submit(run_cell, k, ANCHORS, "", extra) for k in missing}
         runs = {
-            (name, _name(k)): pool.submit(_run, k, ("kv_aware",), weights, extra)
+            (name, _name(k)): pool.submit(run_cell, k, ("kv_aware",), weights, extra)
             for name, weights in variants
             for k in keys
         }
