@@ -7,7 +7,10 @@ against the anchors' points.
         --plot docs/routing_frontier_n32_tight_0.9.png
 
 Where ``kv_aware`` trails an anchor on one figure and leads it on the other, the question
-the issue asks is whether any setting of its weights is ahead on both. Every combination
+the issue asks is whether any setting of its weights is ahead on both -- and, with
+``--anchor-sweep llmd:kv_weight=1,2,4`` (repeatable; the knobs of
+``kvroute bench routing --policy-setting``), whether the anchor's own knobs trade one
+figure for the other along the same curve. Every combination
 of the ``--sweep`` values is run on the cell (the grid's arguments and seeds, Mooncake,
 both splits by default), the anchors once per split; the plot puts each point on hit rate
 against TTFT p99, so a setting ahead of an anchor on both lies up and to the left of it.
@@ -37,6 +40,17 @@ def settings(sweeps: list[str]) -> list[str]:
         name, _, values = sweep.partition("=")
         axes.append([f"{name}={v}" for v in values.split(",")])
     return [",".join(combo) for combo in itertools.product(*axes)]
+
+
+def anchor_settings(sweeps: list[str]) -> dict[str, list[str]]:
+    """``["llmd:kv_weight=1,2", "llmd:queue_weight=1,3"]`` -> every combination per
+    anchor, as ``--policy-setting`` bodies (``{"llmd": ["kv_weight=1,queue_weight=1",
+    ...]}``)."""
+    per: dict[str, list[str]] = {}
+    for sweep in sweeps:
+        name, _, axis = sweep.partition(":")
+        per.setdefault(name, []).append(axis)
+    return {name: [s for s in settings(axes) if s] for name, axes in per.items()}
 
 
 def _short(weights: str) -> str:
@@ -75,6 +89,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
             x, y = m["ttft_p99_s"], 100 * m["hit_rate"]
             ax.scatter(x, y, marker="s", color="tab:red", s=36)
             ax.annotate(a, (x, y), fontsize=8, xytext=(3, -9), textcoords="offset points")
+        for a, points in runs.get("anchor_settings", {}).items():
+            for setting, m in points.items():
+                x, y = m["ttft_p99_s"], 100 * m["hit_rate"]
+                ax.scatter(x, y, marker="s", facecolors="none", edgecolors="tab:red", s=30)
+                label = f"{a} {_short(setting)}"
+                ax.annotate(label, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points")
         ax.set_xlabel("TTFT p99 (s)")
         ax.set_ylabel("hit rate (%)")
         title = f"{result['cell']}, {split} split"
@@ -89,6 +109,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cell", default="32,tight,0.9", help="N,cache,load")
     ap.add_argument("--sweep", action="append", default=[], help="name=v1,v2,...")
+    ap.add_argument(
+        "--anchor-sweep", action="append", default=[], help="POLICY:name=v1,v2,... (repeatable)"
+    )
     ap.add_argument("--splits", default="tune,report")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -102,6 +125,7 @@ def main() -> int:
     cell = ("mooncake", int(n), cache, float(load))
     variants = ["", *(v for v in settings(args.sweep) if v)]  # "" is the defaults
     splits = args.splits.split(",")
+    tuned = anchor_settings(args.anchor_sweep)
     with ProcessPoolExecutor(args.jobs) as pool:
         anchors = {s: pool.submit(run_cell, cell, ANCHORS, "", [], s) for s in splits}
         runs = {
@@ -109,11 +133,24 @@ def main() -> int:
             for s in splits
             for v in variants
         }
+        anchor_runs = {
+            (s, a, v): pool.submit(run_cell, cell, (a,), "", ["--policy-setting", f"{a}:{v}"], s)
+            for s in splits
+            for a, values in tuned.items()
+            for v in values
+        }
         result: dict[str, Any] = {"cell": f"mooncake N={n} {cache} load {load}", "splits": {}}
         for s in splits:
             kv = {v: runs[(s, v)].result()["kv_aware"] for v in variants}
             result["splits"][s] = {"anchors": anchors[s].result(), "kv_aware": kv}
+            swept = {
+                a: {v: anchor_runs[(s, a, v)].result()[a] for v in values}
+                for a, values in tuned.items()
+            }
+            if swept:
+                result["splits"][s]["anchor_settings"] = swept
             points = {**kv, **result["splits"][s]["anchors"]}
+            points.update({f"{a} {v}": m for a, ms in swept.items() for v, m in ms.items()})
             for name, m in points.items():
                 label = name or "defaults"
                 print(f"{s:6s} {label:40s} hit {m['hit_rate']:.4f} p99 {m['ttft_p99_s']:.3f}")

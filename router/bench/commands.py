@@ -32,7 +32,13 @@ from router.bench.workload_prep import (
     parse_slice,
 )
 from router.bench.workloads import Request
-from router.routing.policy import COMPARED_POLICIES, POLICY_NAMES, PolicyWeights, policy_weights
+from router.routing.policy import (
+    COMPARED_POLICIES,
+    POLICY_NAMES,
+    PolicyWeights,
+    parse_policy_settings,
+    policy_weights,
+)
 from router.routing.state import RoutingConfig
 from schemas.hashing import HASH_ALGOS
 from schemas.hit_rule import hit_step
@@ -114,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(r, "full:{bs}")
     r.add_argument("--policy", action="append", choices=POLICY_NAMES, default=None,
                    help="repeatable; default: every policy")  # fmt: skip
+    r.add_argument("--policy-setting", action="append", default=[], metavar="POLICY:K=V,...",
+                   help="an anchor's knobs as deployed, repeatable, e.g. "
+                   "llmd:kv_weight=1,queue_weight=3 (docs/routing.md)")  # fmt: skip
     h = sub.add_parser("hma", help="HMA-exact scoring vs full-only / all-full on a hybrid model")
     _common(h, "full:{bs},swa:{bs}:2048")
     h.add_argument("--policy", choices=POLICY_NAMES, default="kv_aware", help="routing policy")
@@ -130,6 +139,7 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
     charged = args.engine_model == "charged"
     routing = RoutingConfig(
         weights=args.weights or PolicyWeights(),
+        policy_settings=parse_policy_settings(getattr(args, "policy_setting", [])),
         prefix_block_tokens=hit_step(groups),
         seed=args.seed,
         # Charged engines report first tokens: the backlog leaves then, not by a given rate.

@@ -123,6 +123,11 @@ async def replay(
             **({"charged": asdict(cfg.charged)} if cfg.engine_model == "charged" else {}),
             "worker_speeds": list(cfg.worker_speeds),
             "weights": asdict(cfg.routing.weights),
+            **(
+                {"policy_settings": {k: dict(v) for k, v in cfg.routing.policy_settings.items()}}
+                if cfg.routing.policy_settings
+                else {}
+            ),
         },
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }

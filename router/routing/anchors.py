@@ -4,7 +4,9 @@ Each reads the same per-worker view as ``kv_aware`` (the scorer's HMA-exact, tie
 hits; the router's in-flight accounting; engine-reported queue depth and KV usage where
 the anchor scrapes them), so ``kvroute bench routing`` compares decision rules, not
 indexes. Defaults are the published ones, cited per class; the formulas are restated
-from the public documentation, not copied code.
+from the public documentation, not copied code. Each names in ``settings`` the knobs its
+router exposes (``make_policy(name, settings)``; ``kvroute bench routing
+--policy-setting``), so a user can compare against the anchor as they deploy it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class DynamoPolicy(Policy):
     """
 
     name = "dynamo"
+    settings = ("overlap_score_weight", "host_hit_weight")
     overlap_score_weight = 1.0
     host_hit_weight = 0.75
 
@@ -73,6 +76,7 @@ class SGLangCacheAwarePolicy(Policy):
     """
 
     name = "sglang"
+    settings = ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold")
     cache_threshold = 0.5
     balance_abs_threshold = 32
     balance_rel_threshold = 1.1
@@ -125,6 +129,7 @@ class LlmdPolicy(Policy):
     """
 
     name = "llmd"
+    settings = ("prefix_weight", "queue_weight", "kv_weight")
     prefix_weight = 3.0
     queue_weight = 2.0
     kv_weight = 2.0

@@ -330,6 +330,9 @@ class Policy:
     """
 
     name: str
+    # Attributes a caller may set per instance (``make_policy``): the knobs the router a
+    # policy re-implements exposes; kv_aware's are its ``PolicyWeights``.
+    settings: tuple[str, ...] = ()
 
     def choose(
         self,

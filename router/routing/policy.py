@@ -69,6 +69,7 @@ __all__ = [
     "check_policy",
     "discount_hot",
     "make_policy",
+    "parse_policy_settings",
     "pick_min",
     "policy_weights",
     "worker_load",
@@ -295,6 +296,35 @@ def policy_weights(overrides: Mapping[str, object] | None = None) -> PolicyWeigh
     return dataclasses.replace(PolicyWeights(), **values)  # type: ignore[arg-type]
 
 
-def make_policy(name: str) -> Policy:
-    """A fresh policy object by name; ``ValueError`` for an unknown name."""
-    return POLICY_CLASSES[check_policy(name)]()
+def make_policy(name: str, settings: Mapping[str, float] | None = None) -> Policy:
+    """A fresh policy object by name, with ``settings`` (an anchor's knobs, e.g. llm-d's
+    ``kv_weight``) applied; ``ValueError`` for an unknown name or setting."""
+    policy = POLICY_CLASSES[check_policy(name)]()
+    unknown = sorted(set(settings or {}) - set(policy.settings))
+    if unknown:
+        known = list(policy.settings) or "none (kv_aware takes weights)"
+        raise ValueError(f"unknown setting(s) {unknown} for policy {name!r}; expected {known}")
+    for key, value in (settings or {}).items():
+        setattr(policy, key, float(value))
+    return policy
+
+
+def parse_policy_settings(items: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``["llmd:kv_weight=1,queue_weight=3"]`` -> ``{"llmd": {"kv_weight": 1.0, ...}}``,
+    each checked against its policy's settings; ``ValueError`` naming the bad item."""
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        name, sep, body = item.partition(":")
+        if not sep:
+            raise ValueError(f"bad policy setting {item!r}: expected POLICY:NAME=VALUE,...")
+        values = out.setdefault(name.strip(), {})
+        for pair in body.split(","):
+            key, eq, raw = pair.partition("=")
+            try:
+                if not eq:
+                    raise ValueError
+                values[key.strip()] = float(raw)
+            except ValueError:
+                raise ValueError(f"bad policy setting {pair!r} in {item!r}") from None
+        make_policy(name.strip(), values)  # validate
+    return out

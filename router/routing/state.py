@@ -74,6 +74,9 @@ class RoutingConfig:
     hot_window: int = 256
     hot_min_requests: int = 16
     seed: int | None = None
+    # Per policy name, the settings its objects are made with (``make_policy``): an
+    # anchor as the user deploys it (``kvroute bench routing --policy-setting``).
+    policy_settings: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,8 @@ class RoutingCore:
     ) -> None:
         self.config = config or RoutingConfig()
         make_policy(self.config.default_policy)  # validate early
+        for name, values in self.config.policy_settings.items():
+            make_policy(name, values)
         self.clock = clock
         self.rng = random.Random(self.config.seed)
         self.inflight = InflightTable(self.config.inflight_ttl_s, self.config.prefill_tps)
@@ -135,7 +140,7 @@ class RoutingCore:
         """The (stateful) policy object for ``name``; ``ValueError`` when unknown."""
         name = name or self.config.default_policy
         if name not in self._policies:
-            self._policies[name] = make_policy(name)
+            self._policies[name] = make_policy(name, self.config.policy_settings.get(name))
         return self._policies[name]
 
     def expire(self, now: float | None = None) -> int:

@@ -72,6 +72,19 @@ def test_bench_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None
         main(["routing", "--weights", "nonsense=1"])
 
 
+def test_bench_routing_runs_an_anchor_as_deployed(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--policy-setting`` reaches the anchor's object: llm-d with its prefix scorer
+    weighed 0 routes by load alone and loses the hits its default keeps."""
+    args = ("routing", "--limit", "200", "--workers", "4", "--jobs", "1", "--policy", "llmd")
+    default = run(capsys, *args)
+    blind = run(capsys, *args, "--policy-setting", "llmd:prefix_weight=0")
+    assert blind["config"]["policy_settings"] == {"llmd": {"prefix_weight": 0.0}}
+    assert "policy_settings" not in default["config"]
+    assert blind["policies"]["llmd"]["hit_rate"] < default["policies"]["llmd"]["hit_rate"]
+    assert main([*args, "--policy-setting", "llmd:kv=1", "--json"]) == 2
+    assert "unknown setting(s) ['kv'] for policy 'llmd'" in capsys.readouterr().err
+
+
 async def test_predicted_entries_keep_a_burst_together_before_events_arrive() -> None:
     # Fan-out bursts whose events reach the router half a second late.
     workload = synthetic_workload(SyntheticConfig(requests=150, seed=2, mix=(0.0, 0.0, 1.0)))

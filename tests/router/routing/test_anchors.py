@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import random
 
-from router.routing.policy import EngineStats, PolicyWeights, RouteInput, WorkerView, make_policy
+import pytest
+
+from router.routing.policy import (
+    EngineStats,
+    PolicyWeights,
+    RouteInput,
+    WorkerView,
+    make_policy,
+    parse_policy_settings,
+)
 from router.routing.speed import SpeedEstimator
 from router.routing.state import RoutingConfig, RoutingCore
 
@@ -52,6 +61,37 @@ def test_llmd_weighs_prefix_queue_and_kv_usage() -> None:
     cached = WorkerView("cached", score=900.0, engine=EngineStats(queue_depth=0, kv_usage=0.5))
     free = WorkerView("free", engine=EngineStats(queue_depth=0, kv_usage=0.1))
     assert pick("llmd", [cached, free]) == "cached"  # 2.7+2+1.0 > 0+2+1.8
+
+
+def test_anchor_settings_change_the_rule_and_are_checked() -> None:
+    cached = WorkerView("cached", score=500.0, engine=EngineStats(queue_depth=4, kv_usage=0.9))
+    free = WorkerView("free", engine=EngineStats(queue_depth=0, kv_usage=0.1))
+    # Prefix weighed 10: 5 + 0 + 0.2 > 0 + 2 + 1.8.
+    llmd = make_policy("llmd", {"prefix_weight": 10})
+    choice = llmd.choose(RouteInput(1000, 0, 16), [cached, free], W, random.Random(0))
+    assert choice.index == 0 and make_policy("llmd").prefix_weight == 3.0
+    weak = WorkerView("cached", hit_tokens=400, inflight=3, engine=EngineStats(cached_blocks=5))
+    small = WorkerView("small", engine=EngineStats(cached_blocks=1), inflight=1)
+    sglang = make_policy("sglang", {"cache_threshold": 0.3})
+    assert sglang.choose(RouteInput(1000), [weak, small], W, random.Random(0)).index == 0
+    with pytest.raises(ValueError, match="unknown setting"):
+        make_policy("dynamo", {"prefix_weight": 1})
+    with pytest.raises(ValueError, match="kv_aware takes weights"):
+        make_policy("kv_aware", {"held": 1})
+    assert parse_policy_settings(
+        ["llmd:kv_weight=1,queue_weight=3", "dynamo:host_hit_weight=1"]
+    ) == {
+        "llmd": {"kv_weight": 1.0, "queue_weight": 3.0},
+        "dynamo": {"host_hit_weight": 1.0},
+    }
+    for bad in ("llmd", "llmd:kv_weight", "llmd:kv_weight=x", "nope:a=1"):
+        with pytest.raises(ValueError):
+            parse_policy_settings([bad])
+    # The routing core makes its policies with the config's settings.
+    core = RoutingCore(RoutingConfig(policy_settings={"llmd": {"kv_weight": 0.5}}))
+    assert core.policy("llmd").kv_weight == 0.5  # type: ignore[attr-defined]
+    with pytest.raises(ValueError):
+        RoutingCore(RoutingConfig(policy_settings={"llmd": {"bogus": 1.0}}))
 
 
 def test_speed_estimator_learns_a_busy_worker_rate() -> None:
