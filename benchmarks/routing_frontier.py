@@ -105,6 +105,32 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def ahead(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether point ``a`` is at or ahead of ``b`` on both hit rate and TTFT p99."""
+    return bool(a["hit_rate"] >= b["hit_rate"] and a["ttft_p99_s"] <= b["ttft_p99_s"])
+
+
+def verdicts(result: dict[str, Any]) -> list[str]:
+    """Per split, per anchor point (its defaults and every swept setting): how many
+    ``kv_aware`` settings are at or ahead of it on both figures, and whether it is ahead
+    of ``kv_aware``'s defaults on both -- the anchor's own trade-off against ours."""
+    lines = []
+    for split, runs in result["splits"].items():
+        kv = runs["kv_aware"]
+        points = {a: runs["anchors"][a] for a in ANCHORS if a in runs["anchors"]}
+        for a, swept in runs.get("anchor_settings", {}).items():
+            points.update({f"{a} {_short(v)}": m for v, m in swept.items()})
+        for name, m in points.items():
+            beaten = [_short(v) for v, k in kv.items() if ahead(k, m)]
+            over = ahead(m, kv[""]) and not ahead(kv[""], m)
+            lines.append(
+                f"{split:6s} {name:28s} {100 * m['hit_rate']:6.2f}% {m['ttft_p99_s']:6.2f} s | "
+                f"kv_aware settings ahead on both: {len(beaten)}/{len(kv)}"
+                + (" | ahead of kv_aware's defaults on both" if over else "")
+            )
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cell", default="32,tight,0.9", help="N,cache,load")
@@ -119,7 +145,9 @@ def main() -> int:
     ap.add_argument("--replot", default=None, help="a previous --out JSON: plot it, run nothing")
     args = ap.parse_args()
     if args.replot:
-        plot(json.loads(Path(args.replot).read_text()), Path(args.plot or "frontier.png"))
+        replayed = json.loads(Path(args.replot).read_text())
+        print("\n".join(verdicts(replayed)))
+        plot(replayed, Path(args.plot or "frontier.png"))
         return 0
     n, cache, load = args.cell.split(",")
     cell = ("mooncake", int(n), cache, float(load))
@@ -154,6 +182,7 @@ def main() -> int:
             for name, m in points.items():
                 label = name or "defaults"
                 print(f"{s:6s} {label:40s} hit {m['hit_rate']:.4f} p99 {m['ttft_p99_s']:.3f}")
+    print("\n".join(verdicts(result)))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     if args.plot:
