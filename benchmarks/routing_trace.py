@@ -37,6 +37,7 @@ from router.routing.base import (  # noqa: E402
     backlog_weight,
     cache_affinity,
     held_weight,
+    prefill_weight,
     share_prior_tokens,
 )
 from router.routing.state import Decision, RoutingCore  # noqa: E402
@@ -59,7 +60,7 @@ def _terms(
     speed = v.speed if v.speed > 0 else 1.0
     backlog = backlog_weight(RouteInput(n, d.hot_tokens, idle=idle), d.views, w)
     return {
-        "miss": w.prefill * (n - aff) / speed,
+        "miss": prefill_weight(n, w) * (n - aff) / speed,
         "backlog": backlog * v.prefill_backlog / speed,
         "held": held_weight(n, w) * v.inflight_tokens + w.decode * v.inflight,
         "share": share,

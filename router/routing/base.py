@@ -111,6 +111,10 @@ class PolicyWeights:
     # instead of ``backlog``: their cached prefixes are worth more seconds of prefill.
     large_tokens: float = 4096.0
     backlog_large: float = 0.04
+    # ... and a token they must prefill ``prefill_large`` (a cached token is worth that
+    # many): a long session's cache is what its next turns and its neighbours' hits are
+    # made of, and moving it for a queue recomputes it and leaves a stale copy behind.
+    prefill_large: float = 1.0
     # ... and a prompt token held by a request in flight on the worker ``held_large``:
     # a long session's cached prefix is seconds of prefill, worth more KV held beside it
     # than a chat turn's (round 13, with ``backlog_fresh``: docs/routing.md).
@@ -289,6 +293,12 @@ def warm_prefixes(request_tokens: int, cached_tokens: int, chunk: int) -> tuple[
         return ()
     first = cached_tokens // chunk + 1
     return tuple(range(first * chunk, request_tokens, chunk))
+
+
+def prefill_weight(request_tokens: int, weights: PolicyWeights) -> float:
+    """What a token this request must prefill weighs in ``kv_aware``'s cost: ``prefill``,
+    ``prefill_large`` from ``large_tokens`` up."""
+    return weights.prefill_large if 0 < weights.large_tokens <= request_tokens else weights.prefill
 
 
 def held_weight(request_tokens: int, weights: PolicyWeights) -> float:

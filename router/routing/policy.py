@@ -50,6 +50,7 @@ from router.routing.base import (
     held_weight,
     pick_min,
     prefill_chunk,
+    prefill_weight,
     share_prior_tokens,
     share_weight,
     worker_load,
@@ -158,7 +159,7 @@ class KvAwarePolicy(Policy):
         discount = weights.hot_discount
         discounting = request.hot_tokens > 0 and discount < 1.0
         prefill, backlog_w, over, knee = (
-            weights.prefill,
+            prefill_weight(n, weights),
             backlog_weight(request, views, weights),
             weights.backlog_over,
             weights.knee,
