@@ -44,7 +44,7 @@ from router.routing.state import Decision, RoutingCore  # noqa: E402
 
 
 def _terms(
-    d: Decision, i: int, w: Any, routed: int, share_x: float, idle: float, losing: float = 0.0
+    d: Decision, i: int, w: Any, routed: int, share_x: float, idle: float
 ) -> dict[str, float]:
     """kv_aware's cost of worker ``i`` split into its terms (policy.py's formula);
     ``share_x`` and ``idle``: the share term's weight and the fleet's idle share at that
@@ -60,7 +60,7 @@ def _terms(
     speed = v.speed if v.speed > 0 else 1.0
     backlog = backlog_weight(RouteInput(n, d.hot_tokens, idle=idle), d.views, w)
     return {
-        "miss": prefill_weight(n, w, losing) * (n - aff) / speed,
+        "miss": prefill_weight(n, w) * (n - aff) / speed,
         "backlog": backlog * v.prefill_backlog / speed,
         "held": held_weight(n, w) * v.inflight_tokens + w.decode * v.inflight,
         "share": share,
@@ -102,9 +102,8 @@ def record_decisions(weights: Any) -> list[dict[str, Any]]:
             routed = self.routed_total - 1
             # The gates the policy used: routing changed nothing they read since.
             x = self.share_weight()
-            losing = self.pressure.losing(weights.losing_knee)
-            tc = _terms(d, chosen, weights, routed, x, self.idle, losing)
-            tb = _terms(d, best, weights, routed, x, self.idle, losing)
+            tc = _terms(d, chosen, weights, routed, x, self.idle)
+            tb = _terms(d, best, weights, routed, x, self.idle)
             row["diff"] = {k: round(tb[k] - tc[k], 1) for k in tc}
         rows.append(row)
         by_id[(id(self), d.request_id)] = row

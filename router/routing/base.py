@@ -115,12 +115,6 @@ class PolicyWeights:
     # many): a long session's cache is what its next turns and its neighbours' hits are
     # made of, and moving it for a queue recomputes it and leaves a stale copy behind.
     prefill_large: float = 1.0
-    # ... times up to ``prefill_losing`` as the router's hit-loss rate reaches
-    # ``losing_knee`` (linear from no loss; 1: off): where caches evict, a turn moved off
-    # its cache also evicts a neighbour's to make room for the copy, and where they do
-    # not it costs only compute -- and waiting beside a long prompt costs the TTFT tail.
-    prefill_losing: float = 1.0
-    losing_knee: float = 0.01
     # ... and a prompt token held by a request in flight on the worker ``held_large``:
     # a long session's cached prefix is seconds of prefill, worth more KV held beside it
     # than a chat turn's (round 13, with ``backlog_fresh``: docs/routing.md).
@@ -226,9 +220,6 @@ class RouteInput:
     evicting: float = 0.0
     # The fleet's share of workers with no prefill backlog, averaged over recent requests.
     idle: float = 1.0
-    # The hit-loss rate over ``losing_knee``, 0..1 (``CachePressure.losing``; 0 where not
-    # measured): how far ``prefill_losing`` applies.
-    losing: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,13 +295,10 @@ def warm_prefixes(request_tokens: int, cached_tokens: int, chunk: int) -> tuple[
     return tuple(range(first * chunk, request_tokens, chunk))
 
 
-def prefill_weight(request_tokens: int, weights: PolicyWeights, losing: float = 0.0) -> float:
-    """What a token this request must prefill weighs in ``kv_aware``'s cost: ``prefill``;
-    from ``large_tokens`` up ``prefill_large``, times up to ``prefill_losing`` as the
-    hit-loss gate ``losing`` (0..1, ``RouteInput.losing``) opens."""
-    if not 0 < weights.large_tokens <= request_tokens:
-        return weights.prefill
-    return weights.prefill_large * (1.0 + (weights.prefill_losing - 1.0) * losing)
+def prefill_weight(request_tokens: int, weights: PolicyWeights) -> float:
+    """What a token this request must prefill weighs in ``kv_aware``'s cost: ``prefill``,
+    ``prefill_large`` from ``large_tokens`` up."""
+    return weights.prefill_large if 0 < weights.large_tokens <= request_tokens else weights.prefill
 
 
 def held_weight(request_tokens: int, weights: PolicyWeights) -> float:

@@ -159,7 +159,7 @@ class KvAwarePolicy(Policy):
         discount = weights.hot_discount
         discounting = request.hot_tokens > 0 and discount < 1.0
         prefill, backlog_w, over, knee = (
-            prefill_weight(n, weights, request.losing),
+            prefill_weight(n, weights),
             backlog_weight(request, views, weights),
             weights.backlog_over,
             weights.knee,

@@ -115,13 +115,6 @@ class CachePressure:
         calm = max(0.0, 1.0 - self.queue_depth / queue_knee)
         return min(1.0, self.loss_rate / knee) * calm
 
-    def losing(self, knee: float) -> float:
-        """0..1: how far the loss rate is towards ``knee`` (1 at or past it, and where
-        ``knee`` is 0), whatever the queues do."""
-        if knee <= 0:
-            return 1.0
-        return min(1.0, self.loss_rate / knee)
-
     def gate(self, knee: float, queue_knee: float = 0.0) -> float:
         """0..1: how far the loss rate is towards ``knee``, or the queue depth towards
         ``queue_knee`` (0: not looked at), whichever is further; 1 at or past either."""

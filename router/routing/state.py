@@ -210,12 +210,10 @@ class RoutingCore:
                     prefilling(w) if capped and load.requests else (),
                 )
             )
-        losing_on = weights.prefill_losing != 1.0
-        gated = weights.share_roomy != 1.0 or weights.share_evicting != 1.0 or losing_on
+        gated = weights.share_roomy != 1.0 or weights.share_evicting != 1.0
         if gated:
             self._learn_pressure(keys, scores, views, n)
         pressure, evicting = self._pressure_gates() if gated else (1.0, 0.0)
-        losing = self.pressure.losing(weights.losing_knee) if losing_on else 0.0
         if weights.backlog_fresh > 0 or weights.warm_chunk > 0:
             now_idle = sum([1 for v in views if v.prefill_backlog <= 0]) / len(views)
             self.idle += (now_idle - self.idle) / max(16.0 * len(views), 1.0)
@@ -227,7 +225,6 @@ class RoutingCore:
             pressure,
             evicting,
             self.idle,
-            losing,
         )
         choice = chooser.choose(request, views, weights, self.rng)
         chosen = views[choice.index]

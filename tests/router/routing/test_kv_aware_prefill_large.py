@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import random
 
-from _helpers import ScoreStub
-
 from router.routing.policy import PolicyWeights, RouteInput, WorkerView, make_policy
-from router.routing.pressure import CachePressure
-from router.routing.state import RoutingConfig, RoutingCore
 
 PLAIN = dict(share=0.0, balance_slack=1e9)
 
@@ -47,46 +43,3 @@ def test_a_small_request_keeps_prefill() -> None:
         weights = PolicyWeights(prefill_large=prefill_large, **PLAIN)
         assert pick([far, empty], weights, 2_000) == "empty"
     assert pick([far, empty], PolicyWeights(prefill=2.0, **PLAIN), 2_000) == "cached"
-
-
-def test_prefill_losing_applies_as_far_as_the_router_loses_hits() -> None:
-    far = WorkerView("cached", hit_tokens=10_000, score=10_000.0, inflight=3,
-                     prefill_backlog=150_000.0, inflight_tokens=250_000.0)  # fmt: skip
-    empty = WorkerView("empty")
-    weights = PolicyWeights(prefill_losing=2.0, **PLAIN)
-    policy = make_policy("kv_aware")
-
-    def chosen(losing: float) -> str:
-        choice = policy.choose(RouteInput(12_000, losing=losing), [far, empty], weights,
-                               random.Random(0))  # fmt: skip
-        return [far, empty][choice.index].worker_id
-
-    # No loss: prefill_large (1) as before, moved (13k > 12k); at the knee, 2: kept.
-    assert chosen(0.0) == "empty"
-    assert chosen(1.0) == "cached"
-    # Half way: 1.5 x (2k vs 12k) + 11k = 14k < 18k: kept.
-    assert chosen(0.5) == "cached"
-
-
-def test_the_core_opens_the_gate_with_its_loss_rate() -> None:
-    pressure = CachePressure(window=1.0)
-    assert pressure.losing(0.01) == 0.0
-    pressure.reported(expected=1_000, cached=0)  # one lost hit: the rate jumps to 1
-    assert pressure.losing(0.01) == 1.0 and pressure.losing(0.0) == 1.0
-
-    def turn_goes_to(lost: bool) -> str:
-        weights = PolicyWeights(prefill_losing=2.0, **PLAIN)
-        core = RoutingCore(RoutingConfig(weights=weights), clock=lambda: 0.0)
-        # A 250k-token prompt in prefill on w0 (one block cached there wins the tie).
-        core.route("long", list(range(250_000)),
-                   [ScoreStub("w0", 512, 512, 512.0), ScoreStub("w1", 0, 0, 0.0)])  # fmt: skip
-        if lost:
-            core.observe_cached(1_000, 0)  # a hit the engine no longer had: 1/32 > 0.01
-        # A 12k-token turn with 10k cached on w0, behind that backlog:
-        # 2k x w + 0.04 x 249.5k + 0.02 x 250k = 2k x w + 15k against 12k x w on w1.
-        turn = list(range(10**6, 10**6 + 12_000))
-        scores = [ScoreStub("w0", 10_000, 10_000, 10_000.0), ScoreStub("w1", 0, 0, 0.0)]
-        return core.route("turn", turn, scores).worker_id
-
-    assert turn_goes_to(lost=False) == "w1"  # 17k > 12k
-    assert turn_goes_to(lost=True) == "w0"  # 19k < 24k
