@@ -10,7 +10,7 @@ prefill work::
 
     affinity_w = max(score_w, predicted_w)        # tier-weighted cached tokens
     affinity_w = hot-prefix discount(affinity_w)  # see ``discount_hot``
-    cost_w = prefill * (request_tokens - affinity_w)
+    cost_w = prefill * (request_tokens - affinity_w)   # (prefill_large for a large request)
            + backlog * prefill_backlog_w          # uncached tokens not prefilled yet
                                                   # (backlog_fresh for a large request
                                                   #  with nothing cached, fleet idle)
