@@ -139,6 +139,11 @@ def main() -> int:
         "--anchor-sweep", action="append", default=[], help="POLICY:name=v1,v2,... (repeatable)"
     )
     ap.add_argument("--splits", default="tune,report")
+    ap.add_argument(
+        "--extra",
+        default="",
+        help="engine arguments for every fleet, e.g. '--long-prefill-threshold 4096'",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None)
@@ -154,20 +159,24 @@ def main() -> int:
     variants = ["", *(v for v in settings(args.sweep) if v)]  # "" is the defaults
     splits = args.splits.split(",")
     tuned = anchor_settings(args.anchor_sweep)
+    extra = args.extra.split()
     with ProcessPoolExecutor(args.jobs) as pool:
-        anchors = {s: pool.submit(run_cell, cell, ANCHORS, "", [], s) for s in splits}
+        anchors = {s: pool.submit(run_cell, cell, ANCHORS, "", extra, s) for s in splits}
         runs = {
-            (s, v): pool.submit(run_cell, cell, ("kv_aware",), v, [], s)
+            (s, v): pool.submit(run_cell, cell, ("kv_aware",), v, extra, s)
             for s in splits
             for v in variants
         }
         anchor_runs = {
-            (s, a, v): pool.submit(run_cell, cell, (a,), "", ["--policy-setting", f"{a}:{v}"], s)
+            (s, a, v): pool.submit(
+                run_cell, cell, (a,), "", [*extra, "--policy-setting", f"{a}:{v}"], s
+            )
             for s in splits
             for a, values in tuned.items()
             for v in values
         }
-        result: dict[str, Any] = {"cell": f"mooncake N={n} {cache} load {load}", "splits": {}}
+        label = f"mooncake N={n} {cache} load {load}" + (f" ({args.extra})" if extra else "")
+        result: dict[str, Any] = {"cell": label, "splits": {}}
         for s in splits:
             kv = {v: runs[(s, v)].result()["kv_aware"] for v in variants}
             result["splits"][s] = {"anchors": anchors[s].result(), "kv_aware": kv}
