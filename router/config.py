@@ -162,6 +162,9 @@ class RouterSettings(BaseSettings):
     stream_queue_size: int = Field(default=8, ge=1)
     # Routing (/v1/route; see router.routing.policy and docs/routing.md#api)
     route_policy: str = "kv_aware"
+    # A named weight set for the fleet the engines make (router.routing.profiles;
+    # docs/routing.md#route-profiles-which-weights-for-which-fleet); route_weights on top.
+    route_profile: str = "default"
     route_weights: dict[str, float] = Field(
         default_factory=dict, description="kv_aware weight overrides, e.g. {decode: 128}"
     )
@@ -220,6 +223,13 @@ class RouterSettings(BaseSettings):
         from router.routing.policy import check_policy
 
         return check_policy(value)
+
+    @field_validator("route_profile")
+    @classmethod
+    def _check_route_profile(cls, value: str) -> str:
+        from router.routing.profiles import check_profile
+
+        return check_profile(value)
 
     @field_validator("route_weights")
     @classmethod

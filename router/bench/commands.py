@@ -35,10 +35,10 @@ from router.bench.workloads import Request
 from router.routing.policy import (
     COMPARED_POLICIES,
     POLICY_NAMES,
-    PolicyWeights,
     parse_policy_settings,
     policy_weights,
 )
+from router.routing.profiles import DEFAULT_PROFILE, PROFILE_NAMES, profile_weights
 from router.routing.state import RoutingConfig
 from schemas.hashing import HASH_ALGOS
 from schemas.hit_rule import hit_step
@@ -50,8 +50,9 @@ _COST = CostModel()
 DEFAULT_POLICIES = COMPARED_POLICIES
 
 
-def _weights(text: str | None) -> PolicyWeights:
-    """``prefill=1,decode=128`` -> PolicyWeights (unknown names are an error)."""
+def _weights(text: str | None) -> dict[str, str]:
+    """``prefill=1,decode=128`` -> ``{name: value}``, checked (unknown names, values that
+    are not numbers are an error); applied on top of ``--profile``."""
     values: dict[str, str] = {}
     for item in (text or "").split(","):
         if not item.strip():
@@ -61,9 +62,10 @@ def _weights(text: str | None) -> PolicyWeights:
             raise argparse.ArgumentTypeError(f"bad weight {item!r}: expected NAME=VALUE")
         values[name.strip()] = value
     try:
-        return policy_weights(values)
+        policy_weights(values)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return values
 
 
 def _common(p: argparse.ArgumentParser, groups: str) -> None:
@@ -80,8 +82,12 @@ def _common(p: argparse.ArgumentParser, groups: str) -> None:
                    help="KV cache groups; {bs} stands for --block-size")  # fmt: skip
     p.add_argument("--hash", dest="hash_algo", choices=HASH_ALGOS, default="sha256",
                    help="block hash algorithm")  # fmt: skip
+    p.add_argument("--profile", choices=PROFILE_NAMES, default=DEFAULT_PROFILE,
+                   help="kv_aware route profile: the measured weight set for a kind "
+                   "of fleet (docs/routing.md, Route profiles)")  # fmt: skip
     p.add_argument("--weights", type=_weights, default=None,
-                   help="kv_aware weights, e.g. decode=128,balance_slack=0.2")  # fmt: skip
+                   help="kv_aware weights on top of --profile, e.g. "
+                   "decode=128,balance_slack=0.2")  # fmt: skip
     p.add_argument("--prefill-tps", type=float, default=_COST.prefill_tps,
                    help="simulated prefill throughput, tokens/s")  # fmt: skip
     p.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token,
@@ -138,7 +144,8 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
     groups = parse_groups(args.groups.replace("{bs}", str(args.block_size)))
     charged = args.engine_model == "charged"
     routing = RoutingConfig(
-        weights=args.weights or PolicyWeights(),
+        weights=profile_weights(args.profile, args.weights),
+        profile=args.profile,
         policy_settings=parse_policy_settings(getattr(args, "policy_setting", [])),
         prefix_block_tokens=hit_step(groups),
         seed=args.seed,

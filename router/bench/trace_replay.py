@@ -122,6 +122,7 @@ async def replay(
             "engine_model": cfg.engine_model,
             **({"charged": asdict(cfg.charged)} if cfg.engine_model == "charged" else {}),
             "worker_speeds": list(cfg.worker_speeds),
+            "profile": cfg.routing.profile,
             "weights": asdict(cfg.routing.weights),
             **(
                 {"policy_settings": {k: dict(v) for k, v in cfg.routing.policy_settings.items()}}

@@ -15,14 +15,20 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from fastapi import APIRouter, Depends, FastAPI, Response
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from router.config import RouterSettings
 from router.http.deps import ApiError, get_service, require_write_key
 from router.http.errors import TOO_MANY_TOKENS, UNKNOWN_WORKER_NAMED, WRITE_KEY, error, responses
 from router.http.scoring import check_request_size
-from router.routing.policy import DEFAULT_POLICY, POLICY_NAMES, check_policy, policy_weights
+from router.routing.policy import DEFAULT_POLICY, POLICY_NAMES, check_policy
+from router.routing.profiles import profile_weights
 from router.routing.state import Decision, DuplicateRequestError, RoutingConfig, RoutingCore
 from router.service import RouterService
 from schemas.rest import RouteCandidate, RouteRequest, RouteResponse
@@ -35,10 +41,12 @@ EXPIRE_INTERVAL_S = 1.0
 
 
 def routing_config(settings: RouterSettings) -> RoutingConfig:
-    """``RoutingConfig`` from the router settings' ``route_*`` fields; ``ValueError`` for
-    an unknown policy or weight name."""
+    """``RoutingConfig`` from the router settings' ``route_*`` fields (the profile's
+    weights, ``route_weights`` on top); ``ValueError`` for an unknown policy, profile or
+    weight name."""
     return RoutingConfig(
-        weights=policy_weights(settings.route_weights),
+        weights=profile_weights(settings.route_profile, settings.route_weights),
+        profile=settings.route_profile,
         default_policy=check_policy(settings.route_policy or DEFAULT_POLICY),
         inflight_ttl_s=settings.route_inflight_ttl_s,
         prefill_tps=settings.route_prefill_tps,
@@ -162,6 +170,11 @@ class _RoutingCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         core = self.core
+        yield InfoMetricFamily(
+            "kvroute_route_config",
+            "the routing set-up: default policy and route profile (route_weights on top)",
+            value={"policy": core.config.default_policy, "profile": core.config.profile},
+        )
         routes = CounterMetricFamily(
             "kvroute_routes", "requests routed by /v1/route, per policy", labels=["policy"]
         )

@@ -65,6 +65,8 @@ class ScoreLike(Protocol):
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
     weights: PolicyWeights = field(default_factory=PolicyWeights)
+    # The route profile the weights started from (router.routing.profiles; reported only).
+    profile: str = "default"
     default_policy: str = DEFAULT_POLICY
     inflight_ttl_s: float = 120.0
     # The router's estimate of one worker's prefill speed (tokens/s); 0 = no draining.
