@@ -9,7 +9,7 @@ uncached prompt (one the policy prices by TTFT) pay ``--weight`` tokens per sess
 last turn went to a worker and which returns within ``--horizon`` seconds: known from the
 trace (foresight, which no router has), or with ``--hazard`` estimated from the session's
 age and the trace's distribution of gaps between turns (what a router could learn). The
-load-0.5 p99 gap to Dynamo is cached turns queued behind such prompts (docs/routing.md,
+load-0.5 p99 gap to Dynamo is cached turns queued behind such prompts (docs/routing_rounds.md,
 round 10); this says whether placing the long prompts could close it. With ``--grid``
 (a grid JSON holding the cell's anchors) it ends with ``routing_trace.py``'s "p99 price"
 line against them: what moving queued cached turns would still have to pay on top. A

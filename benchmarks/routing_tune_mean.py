@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/routing_tune_mean.py tune.txt tune_1.001_0.999.txt ...
 
 One run of a Mooncake cell moves by a few tenths of a point of hit rate and several per
-cent of TTFT p99 when every engine is made 0.1% faster or slower (docs/routing.md), more
+cent of TTFT p99 when every engine is made 0.1% faster or slower (docs/routing_rounds.md), more
 than most variants differ by. Per variant and cell this averages ``kv_aware``'s hit rate
 and TTFT p99 over the runs given, and the best anchor's of each run, and counts the cells
 where the mean is at or ahead on both -- the held-out grid's "ahead on the mean"

@@ -73,7 +73,7 @@ class PolicyWeights:
     # ``share_warmup`` routed requests per worker: a cold router must not balance a cache
     # hit away; a warm one balances harder (8 forever kept the live fleet grouped by
     # system prompt, 1.17-1.33 imbalance), but not with no prior at all (0 lost 1.1
-    # points of the Mooncake bound, 4 gained 1.0; docs/routing.md). 0: never fades.
+    # points of the Mooncake bound, 4 gained 1.0; docs/routing_rounds.md). 0: never fades.
     # 8 (was 4): held-out grid 27/36 cells (26), imbalance <= 1.10 in 19/36 (15).
     share_warmup: float = 8.0
     share_prior_warm: float = 4.0
@@ -96,9 +96,9 @@ class PolicyWeights:
     # Where the backlog leaves at first tokens, the share of the estimated progress of
     # the request now in prefill (learned speed x time since it started) taken off the
     # worker's backlog; 0 (default) counts it in full until its first token. 1 gave
-    # Mooncake +0.2-0.7 points of hits at up to 1.3x the TTFT p99 (docs/routing.md).
+    # Mooncake +0.2-0.7 points of hits at up to 1.3x the TTFT p99 (docs/routing_rounds.md).
     head_progress: float = 0.0
-    # Decisions priced in time (docs/routing.md, "Pricing in seconds"): a worker's
+    # Decisions priced in time (docs/routing_rounds.md, "Pricing in seconds"): a worker's
     # expected TTFT is ``(prefill_backlog + this request's uncached tokens) / speed`` (in
     # tokens at the nominal speed). A request whose best cached share is below
     # ``ttft_below`` (a long new prompt: its own prefill dominates) is placed by that
@@ -117,7 +117,7 @@ class PolicyWeights:
     prefill_large: float = 1.0
     # ... and a prompt token held by a request in flight on the worker ``held_large``:
     # a long session's cached prefix is seconds of prefill, worth more KV held beside it
-    # than a chat turn's (round 13, with ``backlog_fresh``: docs/routing.md).
+    # than a chat turn's (round 13, with ``backlog_fresh``: docs/routing_rounds.md).
     held_large: float = 0.02
     # ... and so is one with at least ``ttft_miss`` uncached tokens on its best worker.
     ttft_miss: float = 65_536.0
@@ -152,7 +152,7 @@ class PolicyWeights:
     # ... only while the fleet's mean share of idle workers (``RouteInput.idle``) is at
     # least ``warm_idle``: near saturation a warmed prefix waits behind a queue with its
     # blocks free to evict, and re-computing it costs more than the chunking saves
-    # (tight caches at load 0.9: docs/routing.md).
+    # (tight caches at load 0.9: docs/routing_rounds.md).
     warm_idle: float = 0.15
     # ... and only for a request with at most ``warm_cached`` of its prompt expected
     # cached (1: any): between two warming requests nothing holds the cached prefix, so

@@ -4,7 +4,7 @@ a hot prefix) weighs a queue ahead of it as its TTFT, while the fleet is mostly 
 Such a request has no hit to keep, so with ``backlog_large`` (0.04) the held and share
 terms -- future balance -- would place it behind a queue when an idle worker exists; on
 the Mooncake trace that made TTFT p50 at moderate load worse than llm-d's
-(docs/routing.md, "The median at moderate load")."""
+(docs/routing_rounds.md, "The median at moderate load")."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 apart from ``held`` (which small requests keep), as ``backlog_large`` is apart from
 ``backlog``. A long session's cached prefix is seconds of prefill; whether the KV held
 by a worker's running requests should outweigh it is a separate question from a chat
-turn's (docs/routing.md, "The held term for large requests")."""
+turn's (docs/routing_rounds.md, "The held term for large requests")."""
 
 from __future__ import annotations
 

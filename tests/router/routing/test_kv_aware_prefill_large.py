@@ -1,7 +1,7 @@
 """kv_aware's ``prefill_large``: what a token a request of ``large_tokens``+ must prefill
 weighs against the load terms, apart from ``prefill`` (which small requests keep). A long
 session's cache is what its next turns hit; moving a turn off it for a queue recomputes
-that cache and leaves a stale copy behind (docs/routing.md, "llm-d as deployed, and long
+that cache and leaves a stale copy behind (docs/routing_rounds.md, "llm-d as deployed, and long
 sessions that keep their cache (round 17)")."""
 
 from __future__ import annotations

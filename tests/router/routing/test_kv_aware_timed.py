@@ -24,7 +24,7 @@ def test_a_long_uncached_prompt_goes_where_it_starts_first() -> None:
     idle = WorkerView("idle")
     assert pick([cached, idle], PolicyWeights(**BASE, ttft_miss=0.0), 100_000) == "cached"
     assert pick([cached, idle], PolicyWeights(**BASE, ttft_miss=65_536.0), 100_000) == "idle"
-    # The default prices it by TTFT (tuning split; docs/routing.md, "Pricing in seconds").
+    # The default prices it by TTFT (tuning split; docs/routing_rounds.md, "Pricing in seconds").
     assert PolicyWeights().ttft_miss == 65_536.0
     assert pick([cached, idle], PolicyWeights(**BASE), 100_000) == "idle"
     # A long prompt with most of it cached is not a "long uncached" one.

@@ -1,5 +1,5 @@
 """Router-side prefill shaping (``PolicyWeights.warm_chunk``): which prefix-warming
-requests a decision carries, and for which policies (docs/routing.md, "Prefill shaping")."""
+requests a decision carries, and for which policies (docs/routing_rounds.md, "Prefill shaping")."""
 
 from __future__ import annotations
 
