@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from router.config import ENV_PREFIX, RouterSettings, load_settings, parse_worker_spec
 from router.logging_setup import configure_logging
+from router.routing.profiles import PROFILE_NAMES
 
 log = logging.getLogger("router.serve")
 
@@ -84,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help=f"log every HTTP request ({env}ACCESS_LOG)",
+    )
+    add(
+        "--route-profile",
+        choices=PROFILE_NAMES,
+        help=f"kv_aware weights measured for a kind of fleet; KVROUTE_ROUTE_WEIGHTS apply on "
+        f"top ({env}ROUTE_PROFILE, default default; docs/routing.md, Route profiles)",
     )
     add("--max-request-tokens", type=int, help=f"413 above this ({env}MAX_REQUEST_TOKENS)")
     add("--replay-timeout-s", type=float, help=f"replay reply timeout ({env}REPLAY_TIMEOUT_S)")
@@ -237,11 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvroute serve: {kind}: {exc}", file=sys.stderr)
         return 2
     log.info(
-        "kvroute serve on http://%s:%d (index=%s, workers=%d)",
+        "kvroute serve on http://%s:%d (index=%s, workers=%d, route policy=%s profile=%s%s)",
         settings.host,
         settings.port,
         settings.index,
         len(settings.workers),
+        settings.route_policy,
+        settings.route_profile,
+        f" weights={settings.route_weights}" if settings.route_weights else "",
     )
     from router.http.protocol import protocol_class
     from router.proxy import outermost

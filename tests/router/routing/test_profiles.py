@@ -70,6 +70,9 @@ def test_a_bad_profile_in_the_environment_stops_the_server_with_a_message(
     monkeypatch.setenv("KVROUTE_ROUTE_PROFILE", "fastest")
     assert serve.main(["--port", str(free_port())]) == 2
     assert "unknown route profile 'fastest'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the flag offers the profiles as its choices
+        serve.main(["--route-profile", "fastest"])
+    assert "choose from 'default', 'hits-first'" in capsys.readouterr().err
 
 
 async def test_the_router_routes_with_its_profile_and_reports_it() -> None:
