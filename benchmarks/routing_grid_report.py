@@ -63,7 +63,8 @@ def losses(cells: list[dict[str, Any]]) -> str:
     """Hits lost to eviction, measured from the engines alike for every policy (charged
     engines only): a session's previous turn evicted before its next turn was routed (a
     share of the tokens the two share), and hits evicted while a request queued (a share
-    of the hit tokens expected at routing). Empty for grids run before these were kept."""
+    of the hit tokens expected at routing). Empty for grids run before these were kept;
+    "--" for a policy whose results a re-run reused from such a grid."""
     kept = [c for c in cells if "prev_turn_tokens_evicted" in c["policies"]["kv_aware"]]
     if not kept:
         return ""
@@ -78,6 +79,9 @@ def losses(cells: list[dict[str, Any]]) -> str:
         row = f"| {c['workload']} | {c['workers']} | {c['cache']} | {c['load']:g} |"
         for p in POLICIES:
             m = c["policies"][p]
+            if "prev_turn_tokens_evicted" not in m:  # reused from a grid recorded before
+                row += " -- |"
+                continue
             row += (
                 f" {100 * m['prev_turn_tokens_evicted']:.1f} / "
                 f"{100 * m['queue_hit_tokens_lost']:.2f} |"

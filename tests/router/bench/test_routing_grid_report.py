@@ -58,3 +58,16 @@ def test_the_loss_table_lists_every_policy_where_the_grid_kept_it() -> None:
     assert rows[-1] == "| mooncake | 32 | tight | 0.9 |" + "".join(
         f" {i + 1}.0 / 0.05 |" for i in range(len(POLICIES))
     )
+
+
+def test_the_loss_table_marks_policies_reused_from_an_older_grid() -> None:
+    """``routing_grid.py --reuse`` re-runs kv_aware only: the anchors' results may come
+    from a grid recorded before the loss fields existed (a KeyError before the fix)."""
+    cells = [_cell((0.40, 0.20, 5.0), (0.30, 0.30, 6.0))]
+    for p in POLICIES:
+        cells[0]["policies"].setdefault(p, dict(cells[0]["policies"]["kv_aware"]))
+    cells[0].update(workload="mooncake", workers=8, cache="tight", load=0.5)
+    kv = cells[0]["policies"]["kv_aware"]
+    kv["prev_turn_tokens_evicted"], kv["queue_hit_tokens_lost"] = 0.02, 0.001
+    row = losses(cells).splitlines()[-1]
+    assert row == "| mooncake | 8 | tight | 0.5 | 2.0 / 0.10 |" + " -- |" * (len(POLICIES) - 1)
