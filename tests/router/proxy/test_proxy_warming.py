@@ -1,6 +1,8 @@
 """Prefix warming through the proxy (``warm_chunk``): a long prompt reaches a real
 ``kvroute engine`` as one-token requests for its first 64, 128, 192 tokens and then in
-full, so the engine computes it a chunk at a time; short prompts go as they are."""
+full, so the engine computes it a chunk at a time; short prompts go as they are. The
+router runs the ``prefill-shaping`` route profile with ``warm_chunk`` 64 on top (the
+profile's 8192 is for real prompts)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.timeout(300)
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
     tmp = tmp_path_factory.mktemp("warming")
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVROUTE_ROUTE_PROFILE", "prefill-shaping")
         mp.setenv("KVROUTE_ROUTE_WEIGHTS", '{"warm_chunk": 64}')
         r = fleet(tmp, 1)
     yield r
@@ -46,6 +49,9 @@ def test_a_long_prompt_is_warmed_a_chunk_at_a_time(router: RouterProc) -> None:
         assert short.usage.prompt_tokens_details.cached_tokens == 192
         assert engine.stats()["requests"] - after["requests"] == 1
     assert counter(router, "kvroute_proxy_warm_requests_total") == 3
+    assert 'kvroute_route_config_info{policy="kv_aware",profile="prefill-shaping"} 1.0' in (
+        router.metrics()
+    )
 
 
 def test_route_answers_the_warming_prefixes(router: RouterProc) -> None:
