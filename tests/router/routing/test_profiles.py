@@ -44,7 +44,7 @@ def test_each_profile_sets_its_weights_and_nothing_else(name: str) -> None:
         for f in dataclasses.fields(PolicyWeights)
         if getattr(weights, f.name) != getattr(PolicyWeights(), f.name)
     }
-    assert changed == dict(ROUTE_PROFILES[name].weights)
+    assert changed == dict(ROUTE_PROFILES[name])
 
 
 def test_route_weights_apply_on_top_of_a_profile() -> None:
@@ -117,4 +117,4 @@ def test_the_docs_table_lists_every_profile_with_its_weights() -> None:
     assert set(rows) == set(PROFILE_NAMES)
     for name, cell in rows.items():
         documented = dict(re.findall(r"`(\w+)=([\d.]+)`", cell))
-        assert {k: float(v) for k, v in documented.items()} == dict(ROUTE_PROFILES[name].weights)
+        assert {k: float(v) for k, v in documented.items()} == dict(ROUTE_PROFILES[name])
