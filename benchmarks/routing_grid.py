@@ -1,14 +1,16 @@
 """The routing grid: kv_aware vs the anchors, charged engine model, held-out splits.
 
-    .venv/bin/python benchmarks/routing_grid.py --out benchmarks/results/routing_grid.json
+    .venv/bin/python benchmarks/routing_grid.py --jobs 2 --out benchmarks/results/routing_grid.json
     .venv/bin/python benchmarks/routing_grid.py --split tune --quick   # while tuning
-    .venv/bin/python benchmarks/routing_grid.py --plot benchmarks/results/routing_grid.json
+    .venv/bin/python benchmarks/routing_grid_report.py benchmarks/results/routing_grid.json
 
 Cells: workload x N in {8, 16, 32} x cache {tight, generous} x load {0.5, 0.9}. Workloads:
 the Mooncake conversation trace (tune on its first 30%, report on the last 60%, time
 order) and two synthetic mixes (chat-only, agent+fan-out; tune on seed 1, report on seed
 2). Every cell runs every policy over the same requests (``kvroute bench routing``'s
-lock-step replay); the table and one plot per regime go to docs/routing.md / docs/.
+lock-step replay); ``routing_grid_report.py`` turns the JSON into docs/routing.md's table
+and one plot per regime. Each cell is one process's work in simulated time, so ``--jobs``
+runs cells side by side with the same results as one at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +107,38 @@ def verdict(c: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+Cell = tuple[str, int, str, float]
+
+
+def run_cell(
+    key: Cell,
+    split: str,
+    extra: list[str],
+    policies: tuple[str, ...],
+    old: dict[str, Any] | None,
+) -> tuple[dict[str, Any], str]:
+    """One grid cell (only ``policies`` rerun where ``old`` has the others) and its
+    printed line."""
+    t0 = time.perf_counter()
+    wl, n, cache, load = key
+    c = cell(wl, n, cache, load, split, extra, policies if old else POLICIES)
+    if old:
+        c["policies"] = {
+            p: c["policies"][p] if p in policies else old["policies"][p] for p in POLICIES
+        }
+        c["reused_from_previous_run"] = [p for p in POLICIES if p not in policies]
+    v = verdict(c)
+    k = c["policies"]["kv_aware"]
+    best = {x: c["policies"][x] for x in ANCHORS}
+    line = (
+        f"{wl:12s} N={n:2d} {cache:8s} load={load:.1f} kv_aware hit {k['hit_rate']:.4f} "
+        f"p50 {k['ttft_p50_s']:.2f} p99 {k['ttft_p99_s']:.2f} imb {k['imbalance']:.2f} | "
+        + " ".join(f"{x} {m['hit_rate']:.4f}/{m['ttft_p99_s']:.2f}" for x, m in best.items())
+        + f" | {'OK' if all(v.values()) else v} ({time.perf_counter() - t0:.0f}s)"
+    )
+    return c, line
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--split", choices=("tune", "report"), default="report")
@@ -121,42 +156,44 @@ def main() -> int:
         "the same cell there (the policies are simulated independently; same seeds)",
     )
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--jobs", type=int, default=1, help="cells run side by side (processes)")
     args = ap.parse_args()
-    reuse: dict[tuple[str, int, str, float], dict[str, Any]] = {}
+    reuse: dict[Cell, dict[str, Any]] = {}
     for path in (args.reuse or "").split(","):
         for old in json.loads(Path(path).read_text()) if path else []:
             if old["split"] == args.split:
                 reuse[(old["workload"], old["workers"], old["cache"], old["load"])] = old
     policies = tuple(args.policies.split(","))
     workers = [8] if args.quick else [int(x) for x in args.workers.split(",")]
-    cells = []
-    for wl, n, cache, load in itertools.product(
-        args.workloads.split(","),
-        workers,
-        args.caches.split(","),
-        [float(x) for x in args.loads.split(",")],
-    ):
-        t0 = time.perf_counter()
-        old = reuse.get((wl, n, cache, load))
-        c = cell(wl, n, cache, load, args.split, args.extra.split(), policies if old else POLICIES)
-        if old:
-            c["policies"] = {
-                p: c["policies"][p] if p in policies else old["policies"][p] for p in POLICIES
-            }
-            c["reused_from_previous_run"] = [p for p in POLICIES if p not in policies]
-        v = verdict(c)
-        cells.append(c)
-        k = c["policies"]["kv_aware"]
-        best = {x: c["policies"][x] for x in ANCHORS}
-        print(
-            f"{wl:12s} N={n:2d} {cache:8s} load={load:.1f} kv_aware hit {k['hit_rate']:.4f} "
-            f"p50 {k['ttft_p50_s']:.2f} p99 {k['ttft_p99_s']:.2f} imb {k['imbalance']:.2f} | "
-            + " ".join(f"{x} {m['hit_rate']:.4f}/{m['ttft_p99_s']:.2f}" for x, m in best.items())
-            + f" | {'OK' if all(v.values()) else v} ({time.perf_counter() - t0:.0f}s)",
-            flush=True,
+    keys: list[Cell] = list(
+        itertools.product(
+            args.workloads.split(","),
+            workers,
+            args.caches.split(","),
+            [float(x) for x in args.loads.split(",")],
         )
-        if args.out:
+    )
+    extra = args.extra.split()
+    done: dict[int, dict[str, Any]] = {}
+
+    def record(i: int, c: dict[str, Any], line: str) -> None:
+        done[i] = c
+        print(line, flush=True)
+        if args.out:  # the cells finished so far, in grid order
+            cells = [done[j] for j in sorted(done)]
             Path(args.out).write_text(json.dumps(cells, indent=1) + "\n")
+
+    if args.jobs <= 1:
+        for i, key in enumerate(keys):
+            record(i, *run_cell(key, args.split, extra, policies, reuse.get(key)))
+        return 0
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {
+            pool.submit(run_cell, key, args.split, extra, policies, reuse.get(key)): i
+            for i, key in enumerate(keys)
+        }
+        for fut in futures:  # submission order: the printed lines stay in grid order
+            record(futures[fut], *fut.result())
     return 0
 
 
