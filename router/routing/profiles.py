@@ -47,8 +47,7 @@ ROUTE_PROFILES: Mapping[str, Mapping[str, float]] = MappingProxyType(
                 "prefill_cap": 4096.0,
                 "backlog_large": 0.06,
                 "prefill_large": 1.5,
-                "backlog_over": 0.25,
-                "knee": 32768.0,
+                "backlog_over": 1.0,  # past the default knee, 16,384 tokens (round 19)
             }
         ),
     }
