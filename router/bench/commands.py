@@ -298,9 +298,39 @@ def _print_table(result: dict[str, Any], title: str) -> None:
     )
 
 
+def engine_mismatch(args: argparse.Namespace) -> str | None:
+    """What the simulated engines and ``kv_aware``'s ``prefill_cap`` disagree on, if
+    anything: the weights were measured for engines that cap long prefills at that many
+    tokens (``capped-prefill``), and on engines that do not -- or cap at another size --
+    the comparison with the anchors is of a setting no fleet runs."""
+    if args.bench != "routing":
+        return None
+    cap = int(profile_weights(args.profile, args.weights).prefill_cap)
+    engines = args.long_prefill_threshold if args.engine_model == "charged" else 0
+    if cap == engines:
+        return None
+    if engines == 0:
+        return (
+            f"kv_aware's prefill_cap is {cap} (engines that cap long prefills), but these "
+            f"engines do not: add --engine-model charged --long-prefill-threshold {cap}"
+        )
+    if cap == 0:
+        return (
+            f"these engines cap long prefills at {engines} tokens a step: the setting "
+            f"measured for them is --profile capped-prefill --weights prefill_cap={engines}"
+        )
+    return (
+        f"kv_aware's prefill_cap ({cap}) is not the engines' --long-prefill-threshold "
+        f"({engines}): add --weights prefill_cap={engines}"
+    )
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     try:
+        note = engine_mismatch(args)
+        if note is not None:
+            print(f"kvroute bench: note: {note}", file=sys.stderr)
         result = run_bench(args, show_progress=not args.json and sys.stderr.isatty())
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"kvroute bench: {exc}", file=sys.stderr)

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from router import serve
 from router.bench import main as bench_main
+from router.bench.commands import build_parser, engine_mismatch
 from router.config import RouterSettings, WorkerSpec
 from router.http.app import create_app
 from router.routing.base import PolicyWeights
@@ -118,3 +119,35 @@ def test_the_docs_table_lists_every_profile_with_its_weights() -> None:
     for name, cell in rows.items():
         documented = dict(re.findall(r"`(\w+)=([\d.]+)`", cell))
         assert {k: float(v) for k, v in documented.items()} == dict(ROUTE_PROFILES[name])
+
+
+CHARGED = ["--engine-model", "charged", "--long-prefill-threshold"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--profile", "capped-prefill"], "--engine-model charged --long-prefill-threshold 4096"),
+        (["--profile", "capped-prefill", *CHARGED, "2048"], "add --weights prefill_cap=2048"),
+        ([*CHARGED, "4096"], "--profile capped-prefill --weights prefill_cap=4096"),
+        (["--profile", "capped-prefill", *CHARGED, "4096"], None),
+        (["--profile", "capped-prefill", "--weights", "prefill_cap=2048", *CHARGED, "2048"], None),
+        (["--profile", "hits-first"], None),
+    ],
+)
+def test_bench_routing_says_when_prefill_cap_and_the_engines_disagree(
+    extra: list[str], says: str | None
+) -> None:
+    args = build_parser().parse_args(["routing", "--trace", str(TRACE), *extra])
+    note = engine_mismatch(args)
+    assert note is None if says is None else (note is not None and says in note)
+
+
+def test_the_mismatch_note_goes_to_stderr_and_the_run_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["routing", "--trace", str(TRACE), "--limit", "20", "--workers", "2", "--jobs", "1"]
+    assert bench_main([*args, "--policy", "kv_aware", "--json", "--profile", "capped-prefill"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["config"]["profile"] == "capped-prefill"
+    assert "kvroute bench: note: kv_aware's prefill_cap is 4096" in out.err
