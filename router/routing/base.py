@@ -52,7 +52,8 @@ class PolicyWeights:
     # Off by default (on uncapped engines it moves cached turns). Where prefills are
     # capped (``prefill_cap``, ``warm_chunk``) the wait a cached turn sees stays under
     # the knee and only a long prompt of its own behind a long backlog reaches it: 0.25
-    # past 32768 in the capped-prefill and prefill-shaping profiles (round 18).
+    # past 32768 in the prefill-shaping profile (round 18), 1 past this default knee in
+    # capped-prefill (round 19).
     knee: float = 16_384.0
     backlog_over: float = 0.0
     # Prefill of a token at context c costs ``1 + c / context_tokens`` tokens' worth
