@@ -163,10 +163,6 @@ class PolicyWeights:
     # cached (1: any): between two warming requests nothing holds the cached prefix, so
     # a queue long enough to evict it costs the hit the request was routed for.
     warm_cached: float = 1.0
-    # ... and only while the router's measured hit-loss rate (``CachePressure.loss_rate``:
-    # the share of checked hits lost to eviction) is under ``warm_loss`` (0: any rate).
-    # Where caches evict, a prefix warmed a chunk ahead is what the next admission evicts.
-    warm_loss: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 

@@ -269,8 +269,6 @@ class RoutingCore:
             return ()
         if expected > weights.warm_cached * n:
             return ()
-        if 0 < weights.warm_loss <= self.pressure.loss_rate:
-            return ()
         return warm_prefixes(n, expected, int(chunk))
 
     def _learn_pressure(

@@ -88,21 +88,3 @@ def test_no_warming_for_a_request_mostly_cached_where_warm_cached_says_so() -> N
     # (A core of its own: the first decision would be predicted cached here.)
     warmed = core(**gated).route("p", tokens, partly, now=0.0).warm
     assert warmed == (16_384, 20_480, 24_576, 28_672)
-
-
-def test_no_warming_while_caches_lose_hits_where_warm_loss_says_so() -> None:
-    # Where the engines report hits lost to eviction, a prefix warmed a chunk ahead is
-    # what the next admission evicts: warming stops while the loss rate is at warm_loss.
-    tokens = list(range(12_000))
-    for weights, warms in ((dict(), True), (dict(warm_loss=0.2), False)):
-        c = core(warm_chunk=4096, warm_idle=0.0, **weights)
-        assert c.route("before", tokens, [Score("a")], now=0.0).warm == (4096, 8192)
-        for _ in range(16):
-            c.observe_cached(2048, 0)  # routed for a hit the engine no longer had
-        assert c.pressure.loss_rate >= 0.2
-        after = c.route("after", tokens[::-1], [Score("a")], now=0.0).warm
-        assert bool(after) is warms
-    c = core(warm_chunk=4096, warm_idle=0.0, warm_loss=0.2)
-    for _ in range(16):
-        c.observe_cached(2048, 2048)  # every hit found: warming goes on
-    assert c.route("kept", tokens, [Score("a")], now=0.0).warm == (4096, 8192)
