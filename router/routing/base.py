@@ -163,13 +163,6 @@ class PolicyWeights:
     # cached (1: any): between two warming requests nothing holds the cached prefix, so
     # a queue long enough to evict it costs the hit the request was routed for.
     warm_cached: float = 1.0
-    # 1: where callers report finishes or first tokens, the prefix a request was routed
-    # with stays predicted on its worker until its prefill is done (first token, else
-    # finish; at most the in-flight TTL), then the usual few seconds -- not for those few
-    # seconds from routing. No index holds a prompt still queued in its engine, and a
-    # long turn warmed a chunk at a time can queue longer than that while its session's
-    # next turn arrives (round 20). 0: the fixed TTL.
-    predict_hold: float = 0.0
     # Decode tokens the router assumes per request when the caller does not say.
     expected_output_tokens: int = 256
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Sequence
-from heapq import heappop, heappush
-from itertools import count
 
 
 class PrefixMemory:
@@ -35,10 +33,7 @@ class PrefixMemory:
         self.hot_min_requests = hot_min_requests
         self.hot_max_blocks = hot_max_blocks
         self._predicted: dict[int, tuple[str, float]] = {}
-        # A heap, not a queue: a held prediction (``remember(..., hold=...)``) expires later
-        # than the ones routed after it. The counter keeps equal times from comparing keys.
-        self._expiry: list[tuple[float, int, list[int]]] = []
-        self._records = count()
+        self._expiry: deque[tuple[float, list[int]]] = deque()
         self._window: deque[list[int]] = deque(maxlen=max(1, hot_window))
         self._counts: Counter[int] = Counter()
 
@@ -61,32 +56,16 @@ class PrefixMemory:
             best[entry[0]] = (i + 1) * self.block_tokens
         return best
 
-    def remember(self, keys: Sequence[int], worker_id: str, now: float, hold: float = 0.0) -> float:
-        """Predict ``keys`` on ``worker_id`` for ``predict_ttl`` -- or, with ``hold``, for
-        up to that long until ``release`` (the request's prefill is done). Returns the
-        entries' expiry, which ``release`` needs."""
-        expires = now + max(hold, self.predict_ttl)
+    def remember(self, keys: Sequence[int], worker_id: str, now: float) -> None:
+        expires = now + self.predict_ttl
         entry = (worker_id, expires)
         self._predicted.update(dict.fromkeys(keys, entry))
         # One expiry record per request, not per key: expiry cost stays per request.
-        heappush(self._expiry, (expires, next(self._records), list(keys)))
-        return expires
-
-    def release(self, keys: Sequence[int], worker_id: str, expires: float, now: float) -> None:
-        """A held prediction (``remember(..., hold=...)``) now lasts ``predict_ttl`` more:
-        the engine has the prefix, and its events reach the index within that. Entries a
-        later request has taken over keep theirs."""
-        held = (worker_id, expires)
-        predicted = self._predicted
-        mine = [key for key in keys if predicted.get(key) == held]
-        if mine:
-            until = now + self.predict_ttl
-            predicted.update(dict.fromkeys(mine, (worker_id, until)))
-            heappush(self._expiry, (until, next(self._records), mine))
+        self._expiry.append((expires, list(keys)))
 
     def expire(self, now: float) -> None:
         while self._expiry and self._expiry[0][0] <= now:
-            expires, _, keys = heappop(self._expiry)
+            expires, keys = self._expiry.popleft()
             predicted = self._predicted
             for key in keys:
                 entry = predicted.get(key)

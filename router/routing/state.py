@@ -126,8 +126,6 @@ class RoutingCore:
         # ``warm_idle``; kept only where one of them is in use).
         self.idle = 1.0
         self._first_tokens_reported = False
-        # Request -> its held prediction (keys, worker, expiry) until its prefill is done.
-        self._held: dict[str, tuple[list[int], str, float]] = {}
         self._policies: dict[str, Policy] = {}
         # Prompt tokens routed per worker, decayed per routed request (the share term).
         self.recent: dict[str, float] = {}
@@ -150,12 +148,6 @@ class RoutingCore:
     def expire(self, now: float | None = None) -> int:
         now = self.clock() if now is None else now
         self.memory.expire(now)
-        held = self._held  # in routing order, so in order of expiry: drop the lapsed
-        while held:
-            first = next(iter(held))
-            if held[first][2] > now:
-                break
-            del held[first]
         return self.inflight.expire(now)
 
     def route(
@@ -245,13 +237,7 @@ class RoutingCore:
         )
         self._count_recent(chosen.worker_id, n, len(views))
         if keys:
-            if self._holds_predictions():
-                expires = self.memory.remember(
-                    keys, chosen.worker_id, now, self.config.inflight_ttl_s
-                )
-                self._held[request_id] = (keys, chosen.worker_id, expires)
-            else:
-                self.memory.remember(keys, chosen.worker_id, now)
+            self.memory.remember(keys, chosen.worker_id, now)
             self.memory.observe(keys)
             if gated:  # only the pressure gate reads it back
                 self.pressure.remember(keys, request_id, chosen.worker_id)
@@ -387,7 +373,6 @@ class RoutingCore:
         if item is None:
             return False
         self._first_tokens_reported = True
-        self._release(request_id, now)
         if item.prefill_tokens > 0:
             self.speeds.observe(item.worker_id, item.dispatched, now, item.prefill_tokens)
         self.inflight.first_token(request_id)
@@ -395,24 +380,11 @@ class RoutingCore:
 
     def finish(self, request_id: str, now: float | None = None) -> bool:
         """Stop counting a request; False when it is unknown or already expired."""
-        now = self.clock() if now is None else now
         self.expire(now)
-        self._release(request_id, now)
         if self.inflight.finish(request_id) is None:
             return False
         self.finished += 1
         return True
-
-    def _holds_predictions(self) -> bool:
-        """Hold predictions until prefills are done only where something will say so."""
-        return self.config.weights.predict_hold > 0 and (
-            self._first_tokens_reported or self.finished > 0
-        )
-
-    def _release(self, request_id: str, now: float) -> None:
-        held = self._held.pop(request_id, None)
-        if held is not None:
-            self.memory.release(*held, now)
 
     def inflight_by_worker(self) -> dict[str, int]:
         return self.inflight.requests_by_worker()
