@@ -8,7 +8,9 @@ Replays the cell (``routing_grid.py``'s arguments, charged engines) in this proc
 hook on ``RoutingCore.route`` and prints, per policy: how often it sent a request away from
 the worker with the most cached tokens ("moved"), the cached tokens that cost (per the
 index, at routing time), the hit tokens lost between routing and admission (evicted while
-queued: the estimate over the truth), and for ``kv_aware`` which cost term decided each
+queued: the estimate over the truth), what was cached anywhere when each request arrived
+(availability: what the policy's earlier placements left, overall and for prompts of 64k+
+tokens), and for ``kv_aware`` which cost term decided each
 move (the term whose difference between the chosen and the best-cached worker was
 largest). With ``kv_aware`` and another policy whose TTFT p99 is lower, a "p99 price"
 line says what matching that p99 would cost ``kv_aware`` in hits (``_p99_price``).
@@ -147,47 +149,64 @@ def main() -> int:
     fleets = commands._fleet_specs(args, cfg)
     result = asyncio.run(replay(workload, fleets, cfg, bounds=False))
     for p in a.policies.split(","):
-        mine = [r for r in rows if r["policy"] == p]
-        moved = [r for r in mine if r["moved"]]
-        prompt = sum(r["n"] for r in mine)
-        lost = sum(r["best_hit"] - r["hit"] for r in moved)
-        est = sum(r["hit"] for r in mine)
-        summary = result["policies"][p]
-        truth = summary["hit_rate"] * prompt
-        why: Counter[str] = Counter()
-        why_tokens: Counter[str] = Counter()
-        for r in moved:
-            if "diff" in r:
-                k = max(r["diff"], key=lambda k: r["diff"][k] if k != "miss" else -1e18)
-                why[k] += 1
-                why_tokens[k] += r["best_hit"] - r["hit"]
-        print(
-            f"{p:10s} hit {summary['hit_rate']:.4f} p99 {summary['ttft_p99_s']:.2f} "
-            f"imb {summary['imbalance']:.2f} | moved {len(moved)}/{len(mine)} "
-            f"giving up {lost / prompt * 100:.2f}% of prompt tokens (index) | "
-            f"estimated {est / prompt * 100:.2f}% vs admitted {truth / prompt * 100:.2f}% "
-            f"(lost while queued {(est - truth) / prompt * 100:+.2f}%)"
-        )
-        if why:
-            print(
-                "   moves decided by: "
-                + ", ".join(f"{k} {why[k]} ({why_tokens[k] / prompt * 100:.2f}%)" for k in why)
-            )
-        slow = sorted(mine, key=lambda r: -r.get("ttft", 0.0))[: max(len(mine) // 100, 1)]
-        print(
-            "   slowest 1%: mean ttft {:.2f}s, prompt {:.0f}, cached {:.0f} (best {:.0f}), "
-            "backlog {:.0f} (fleet min {:.0f}), moved {}".format(
-                *(
-                    sum(r.get(k, 0) for r in slow) / len(slow)
-                    for k in ("ttft", "n", "hit", "best_hit", "backlog", "min_backlog")
-                ),
-                sum(r["moved"] for r in slow),
-            )
-        )
+        _summary(p, [r for r in rows if r["policy"] == p], result["policies"][p])
     _p99_price(rows, result["policies"])
     if a.out:
         Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
+
+
+LONG_PROMPT = 65_536  # tokens: the prompts whose caches tight fleets lose first (round 20)
+
+
+def _summary(p: str, mine: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """One policy's lines: hits as routed, moved and admitted; what was cached anywhere
+    on arrival (availability: what placement left cached, before this decision), for all
+    prompts and for the long ones; why kv_aware moved; its slowest 1%."""
+    moved = [r for r in mine if r["moved"]]
+    prompt = sum(r["n"] for r in mine)
+    lost = sum(r["best_hit"] - r["hit"] for r in moved)
+    est = sum(r["hit"] for r in mine)
+    truth = summary["hit_rate"] * prompt
+    why: Counter[str] = Counter()
+    why_tokens: Counter[str] = Counter()
+    for r in moved:
+        if "diff" in r:
+            k = max(r["diff"], key=lambda k: r["diff"][k] if k != "miss" else -1e18)
+            why[k] += 1
+            why_tokens[k] += r["best_hit"] - r["hit"]
+    print(
+        f"{p:10s} hit {summary['hit_rate']:.4f} p99 {summary['ttft_p99_s']:.2f} "
+        f"imb {summary['imbalance']:.2f} | moved {len(moved)}/{len(mine)} "
+        f"giving up {lost / prompt * 100:.2f}% of prompt tokens (index) | "
+        f"estimated {est / prompt * 100:.2f}% vs admitted {truth / prompt * 100:.2f}% "
+        f"(lost while queued {(est - truth) / prompt * 100:+.2f}%)"
+    )
+    long = [r for r in mine if r["n"] >= LONG_PROMPT]
+    long_prompt = sum(r["n"] for r in long)
+    print(
+        f"   available on arrival (cached anywhere): "
+        f"{sum(r['best_hit'] for r in mine) / prompt * 100:.2f}% of prompt tokens; "
+        f"prompts of {LONG_PROMPT // 1024}k+ tokens: {len(long)}, "
+        f"{long_prompt / prompt * 100:.1f}% of prompt tokens, "
+        f"{sum(r['best_hit'] for r in long) / max(long_prompt, 1) * 100:.2f}% of theirs"
+    )
+    if why:
+        print(
+            "   moves decided by: "
+            + ", ".join(f"{k} {why[k]} ({why_tokens[k] / prompt * 100:.2f}%)" for k in why)
+        )
+    slow = sorted(mine, key=lambda r: -r.get("ttft", 0.0))[: max(len(mine) // 100, 1)]
+    print(
+        "   slowest 1%: mean ttft {:.2f}s, prompt {:.0f}, cached {:.0f} (best {:.0f}), "
+        "backlog {:.0f} (fleet min {:.0f}), moved {}".format(
+            *(
+                sum(r.get(k, 0) for r in slow) / len(slow)
+                for k in ("ttft", "n", "hit", "best_hit", "backlog", "min_backlog")
+            ),
+            sum(r["moved"] for r in slow),
+        )
+    )
 
 
 def _p99_price(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> None:
