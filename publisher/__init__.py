@@ -1,5 +1,6 @@
 """ZMQ KV event publisher, wire-compatible with vLLM's."""
 
+from publisher.base import EventPublisher, NullEventPublisher
 from publisher.config import KVEventsConfig, make_publisher
 from publisher.endpoints import (
     PUBLISH_MODES,
@@ -8,11 +9,7 @@ from publisher.endpoints import (
     publisher_binds,
     should_bind,
 )
-from publisher.zmq_publisher import (
-    EventPublisher,
-    NullEventPublisher,
-    ZmqEventPublisher,
-)
+from publisher.zmq_publisher import ZmqEventPublisher
 
 __all__ = [
     "PUBLISH_MODES",

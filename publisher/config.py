@@ -10,8 +10,9 @@ from typing import Annotated, Any
 
 import msgspec
 
+from publisher.base import EventPublisher, NullEventPublisher
 from publisher.endpoints import PublishMode
-from publisher.zmq_publisher import EventPublisher, NullEventPublisher, ZmqEventPublisher
+from publisher.zmq_publisher import ZmqEventPublisher
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
 

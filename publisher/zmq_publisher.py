@@ -1,4 +1,5 @@
-"""vLLM-compatible KV event publishers: the ZMQ PUB + replay ROUTER one and a null one.
+"""vLLM-compatible KV event publisher: ZMQ PUB + replay ROUTER (the interface and the null
+publisher are in :mod:`publisher.base`).
 
 Wire behaviour follows vLLM 0.33's ``ZmqEventPublisher`` byte for byte (proved by the
 golden frames in ``tests/fixtures/vllm-0.33/frames``):
@@ -26,11 +27,11 @@ import queue
 import socket
 import threading
 import time
-from abc import ABC, abstractmethod
 from collections import deque
 
 import zmq
 
+from publisher.base import EventPublisher
 from publisher.endpoints import PUBLISH_MODES, offset_endpoint_port, publisher_binds
 from schemas import REPLAY_END_SEQ, KVEventBatch, encode_batch
 
@@ -44,37 +45,6 @@ _SENDS_PER_TURN = 1024
 _POLL_MS = 500
 # A repeating fault (drops, malformed replay requests) is logged at most this often.
 LOG_INTERVAL_S = 60.0
-
-
-class EventPublisher(ABC):
-    """What an engine needs: ``publish`` a batch, ``shutdown`` at exit, two counters."""
-
-    def __init__(self, data_parallel_rank: int = 0) -> None:
-        self.data_parallel_rank = data_parallel_rank
-        self.published = 0
-        self.dropped = 0
-
-    @abstractmethod
-    def publish(self, batch: KVEventBatch) -> None:
-        """Hand ``batch`` over for publishing; never blocks, never raises for a full queue."""
-
-    @abstractmethod
-    def shutdown(self, timeout: float = 1.0) -> None:
-        """Flush what is queued (within ``timeout`` seconds) and release every resource."""
-
-    def counters(self) -> dict[str, int]:
-        """Counter snapshot for metrics."""
-        return {"published": self.published, "dropped": self.dropped}
-
-
-class NullEventPublisher(EventPublisher):
-    """Publishes nothing: the default when KV cache events are disabled."""
-
-    def publish(self, batch: KVEventBatch) -> None:
-        return
-
-    def shutdown(self, timeout: float = 1.0) -> None:
-        return
 
 
 class ZmqEventPublisher(EventPublisher):
