@@ -216,9 +216,6 @@ async def _redis_cpu(index: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-# ---------------------------------------------------------------------- child: HTTP server
-
-
 # ---------------------------------------------------------------------- main
 
 
