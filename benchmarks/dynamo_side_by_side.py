@@ -48,6 +48,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.stats import pct_ms
 from router import native
 from router.index import make_index
 from router.ingest import packed
@@ -141,11 +142,6 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(len(xs) * q))] * 1e3, 3)
-
-
 async def _kv_ingest_wire(index: Any, wire: list[tuple[str, bytes]]) -> float:
     """Ingest from the published msgpack payloads, decoded as the subscriber decodes them
     (``router.ingest.packed.decode``, else ``decode_batch``): Dynamo's clock, too, covers
@@ -204,12 +200,12 @@ async def _scores(core: Any, wl: Workload, index: Any, tree: Any, queries: int) 
             hits += row.hit_tokens > 0
             agree += row.hit_tokens == min(blocks.get(row.worker_id, 0) * BS, top)
     return {
-        "kv_p50_ms": _pct(kv_t, 0.5),
-        "kv_p99_ms": _pct(kv_t, 0.99),
-        "dyn_p50_ms": _pct(dyn_t, 0.5),
-        "dyn_p99_ms": _pct(dyn_t, 0.99),
-        "ratio_p50": round(_pct(kv_t, 0.5) / max(_pct(dyn_t, 0.5), 1e-6), 2),
-        "ratio_p99": round(_pct(kv_t, 0.99) / max(_pct(dyn_t, 0.99), 1e-6), 2),
+        "kv_p50_ms": pct_ms(kv_t, 0.5),
+        "kv_p99_ms": pct_ms(kv_t, 0.99),
+        "dyn_p50_ms": pct_ms(dyn_t, 0.5),
+        "dyn_p99_ms": pct_ms(dyn_t, 0.99),
+        "ratio_p50": round(pct_ms(kv_t, 0.5) / max(pct_ms(dyn_t, 0.5), 1e-6), 2),
+        "ratio_p99": round(pct_ms(kv_t, 0.99) / max(pct_ms(dyn_t, 0.99), 1e-6), 2),
         "agree": f"{agree}/{compared}",
         "worker_hits": hits,
     }

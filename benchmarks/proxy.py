@@ -35,16 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
+from benchmarks.stats import pct
 from router.netutil import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "router/proxy/data/tiny"
 MODEL = "kvroute-sim"
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
 def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -51,13 +51,13 @@ from benchmarks.proxy import (
     MODEL,
     REPO,
     TOKENIZER,
-    pct,
     report,
     start,
     stop_all,
     wait_http,
     wait_live,
 )
+from benchmarks.stats import pct
 from router.netutil import free_ports
 
 PEERS = REPO / ".venv-peers"

@@ -43,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.stats import pct_ms
 from router.index import IndexBackend, make_index
 from router.ingest.ingestor import Ingestor
 from router.score.scorer import Scorer
@@ -224,26 +225,22 @@ async def bench_score(
         assert all(a == answers[0] for a in answers)  # both paths answer alike
         hits += sum(1 for w in answers[0].workers if w.hit_tokens)
 
-    def pct(xs: list[float], q: float) -> float:
-        xs = sorted(xs)
-        return round(xs[min(len(xs) - 1, int(len(xs) * q))] * 1e3, 3)
-
     # Wall time is what a caller sees; this thread's CPU time is the same work without
     # the waits a shared machine adds (for redis it leaves out the server's share).
     out: dict[str, Any] = {
         "workers": n_workers,
         "scenario": scenario,
-        "p50_ms": pct(wall["score"], 0.5),
-        "p99_ms": pct(wall["score"], 0.99),
-        "cpu_p50_ms": pct(cpu["score"], 0.5),
-        "cpu_p99_ms": pct(cpu["score"], 0.99),
+        "p50_ms": pct_ms(wall["score"], 0.5),
+        "p99_ms": pct_ms(wall["score"], 0.99),
+        "cpu_p50_ms": pct_ms(cpu["score"], 0.5),
+        "cpu_p99_ms": pct_ms(cpu["score"], 0.99),
         "mean_workers_hit": round(hits / queries, 1),
     }
     if peer:
-        out["columns_cpu_p50_ms"] = pct(cpu["columns"], 0.5)
-        out["columns_cpu_p99_ms"] = pct(cpu["columns"], 0.99)
-        out["per_worker_cpu_p50_ms"] = pct(cpu["per_worker"], 0.5)
-        out["per_worker_cpu_p99_ms"] = pct(cpu["per_worker"], 0.99)
+        out["columns_cpu_p50_ms"] = pct_ms(cpu["columns"], 0.5)
+        out["columns_cpu_p99_ms"] = pct_ms(cpu["columns"], 0.99)
+        out["per_worker_cpu_p50_ms"] = pct_ms(cpu["per_worker"], 0.5)
+        out["per_worker_cpu_p99_ms"] = pct_ms(cpu["per_worker"], 0.99)
         out["speedup_p50"] = round(out["per_worker_cpu_p50_ms"] / out["cpu_p50_ms"], 2)
     return out
 

@@ -43,6 +43,7 @@ import redis
 import redis.asyncio
 from router_core import bench_ingest, make_stream, populate, start_redis
 
+from benchmarks.stats import pct_ms
 from router.index import IndexBackend, make_index
 from router.score.scorer import Scorer
 
@@ -116,11 +117,6 @@ def start_cluster() -> tuple[list[subprocess.Popen[bytes]], str] | None:
     return procs, f"redis+cluster://127.0.0.1:{data[0]}"
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(len(xs) * q))] * 1e3, 3)
-
-
 async def redis_score(
     url: str, n_workers: int, scenario: str, queries: int, peer_url: str | None = None
 ) -> dict[str, Any]:
@@ -163,9 +159,9 @@ async def redis_score(
     out: dict[str, Any] = {"workers": n_workers, "scenario": scenario}
     for k in scorers:
         out[k] = {
-            "p50_ms": _pct(wall[k], 0.5),
-            "p99_ms": _pct(wall[k], 0.99),
-            "cpu_p50_ms": _pct(cpu[k], 0.5),
+            "p50_ms": pct_ms(wall[k], 0.5),
+            "p99_ms": pct_ms(wall[k], 0.99),
+            "cpu_p50_ms": pct_ms(cpu[k], 0.5),
         }
     out["ratio_p50"] = round(out["redis"]["p50_ms"] / out["memory"]["p50_ms"], 2)
     # Server time per score (EVALSHA execution, summed over the nodes it ran on).

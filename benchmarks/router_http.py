@@ -27,15 +27,11 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import httpx  # noqa: E402
 from router_core import populate  # noqa: E402
 
+from benchmarks.stats import pct_ms  # noqa: E402
 from router.config import RouterSettings, WorkerSpec  # noqa: E402
 from router.index import make_index  # noqa: E402
 from router.netutil import free_ports  # noqa: E402
 from router.service import RouterService  # noqa: E402
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(len(xs) * q))] * 1e3, 3)
 
 
 def child_serve(workers: int, port: int) -> int:
@@ -96,8 +92,8 @@ def bench_http_score(workers: int, queries: int) -> dict[str, Any]:
         "groups": 2,
         "prompt_tokens": len(prompts[0]),
         "queries": queries,
-        "p50_ms": _pct(lat, 0.5),
-        "p99_ms": _pct(lat, 0.99),
+        "p50_ms": pct_ms(lat, 0.5),
+        "p99_ms": pct_ms(lat, 0.99),
         "server_score_mean_ms": server,
         "response_bytes": len(r.content),
     }

@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from openai import APITimeoutError, AsyncOpenAI
 
-from benchmarks.proxy import MODEL, REPO, TOKENIZER, pct, start, stop_all, wait_http
+from benchmarks.proxy import MODEL, REPO, TOKENIZER, start, stop_all, wait_http
+from benchmarks.stats import pct
 from router.netutil import free_ports
 from router.proxy.tiny_tokenizer import words
 
