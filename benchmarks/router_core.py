@@ -304,7 +304,8 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
     return res
 
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """``"8,64,256"`` -> ``[8, 64, 256]`` (an argparse type for worker counts)."""
     return [int(x) for x in text.split(",") if x]
 
 
@@ -313,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-events", type=int, default=200_000)
     ap.add_argument("--capacity", type=int, default=8192, help="blocks per worker and group")
     ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--workers", type=_ints, default=[16, 64, 256], help="memory score sizes")
-    ap.add_argument("--redis-workers", type=_ints, default=[8, 64], help="redis score sizes")
+    ap.add_argument("--workers", type=int_list, default=[16, 64, 256], help="memory score sizes")
+    ap.add_argument("--redis-workers", type=int_list, default=[8, 64], help="redis score sizes")
     ap.add_argument("--redis-url", default=None, help="default: start a private redis-server")
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis
 import redis.asyncio
-from router_core import bench_ingest, make_stream, populate, start_redis
+from router_core import bench_ingest, int_list, make_stream, populate, start_redis
 
 from benchmarks.stats import pct_ms
 from router.index import IndexBackend, make_index
@@ -264,18 +264,14 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     return res
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-events", type=int, default=200_000)
     ap.add_argument("--capacity", type=int, default=8192, help="blocks per worker and group")
     ap.add_argument("--queries", type=int, default=100)
-    ap.add_argument("--workers", type=_ints, default=[8, 64, 256])
+    ap.add_argument("--workers", type=int_list, default=[8, 64, 256])
     ap.add_argument(
-        "--bytes-workers", type=_ints, default=None, help="worker counts of the bytes line"
+        "--bytes-workers", type=int_list, default=None, help="worker counts of the bytes line"
     )
     ap.add_argument(
         "--bytes-entries",
