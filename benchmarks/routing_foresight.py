@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/routing_foresight.py --workers 8 --cache generous \\
         --load 0.5 --split report --horizon 12 --weight 100000 [--hazard] \\
-        [--grid benchmarks/results/routing_grid_mooncake.json]
+        [--grid benchmarks/results/routing_grid_mooncake.json] [--min-miss TOKENS] \\
+        [--extra "--profile prefill-shaping"]
 
 Replays one Mooncake grid cell (charged engines, ``kv_aware`` only) and makes a long
 uncached prompt (one the policy prices by TTFT) pay ``--weight`` tokens per session whose
@@ -48,9 +49,16 @@ def main() -> int:
     ap.add_argument("--weight", type=float, default=50_000.0, help="tokens per return")
     ap.add_argument("--hazard", action="store_true", help="estimate returns from age")
     ap.add_argument("--grid", default=None, help="grid JSON with this cell's anchors")
+    ap.add_argument(
+        "--min-miss",
+        type=float,
+        default=None,
+        help="uncached tokens from which a prompt pays (default: the ttft_miss weight)",
+    )
+    ap.add_argument("--extra", default="", help="more bench routing flags, e.g. a profile")
     a = ap.parse_args()
     argv = cell_argv("mooncake", a.workers, a.cache, float(a.load), a.split)
-    argv += ["--policy", "kv_aware"]
+    argv += ["--policy", "kv_aware", *a.extra.split()]
     args = commands.build_parser().parse_args(argv)
     cfg = commands._config(args)
     workload, _ = commands._workload(args)
@@ -95,7 +103,9 @@ def main() -> int:
     def hooked_costs(self: Any, request: Any, views: Any, loads: Any, weights: Any) -> list[float]:
         c = costs(self, request, views, loads, weights)
         best = max(max(v.score, float(v.predicted_tokens)) for v in views)
-        if request.request_tokens - best < weights.ttft_miss:
+        if request.request_tokens - best < (
+            weights.ttft_miss if a.min_miss is None else a.min_miss
+        ):
             return c
         back = returns(now["t"], index[now["rid"]])
         return [x + a.weight * back.get(v.worker_id, 0.0) for x, v in zip(c, views, strict=True)]
