@@ -199,13 +199,14 @@ async def _scores(core: Any, wl: Workload, index: Any, tree: Any, queries: int) 
             compared += 1
             hits += row.hit_tokens > 0
             agree += row.hit_tokens == min(blocks.get(row.worker_id, 0) * BS, top)
+    kv50, kv99, dyn50, dyn99 = (pct_ms(t, q) for t in (kv_t, dyn_t) for q in (0.5, 0.99))
     return {
-        "kv_p50_ms": pct_ms(kv_t, 0.5),
-        "kv_p99_ms": pct_ms(kv_t, 0.99),
-        "dyn_p50_ms": pct_ms(dyn_t, 0.5),
-        "dyn_p99_ms": pct_ms(dyn_t, 0.99),
-        "ratio_p50": round(pct_ms(kv_t, 0.5) / max(pct_ms(dyn_t, 0.5), 1e-6), 2),
-        "ratio_p99": round(pct_ms(kv_t, 0.99) / max(pct_ms(dyn_t, 0.99), 1e-6), 2),
+        "kv_p50_ms": kv50,
+        "kv_p99_ms": kv99,
+        "dyn_p50_ms": dyn50,
+        "dyn_p99_ms": dyn99,
+        "ratio_p50": round(kv50 / max(dyn50, 1e-6), 2),
+        "ratio_p99": round(kv99 / max(dyn99, 1e-6), 2),
         "agree": f"{agree}/{compared}",
         "worker_hits": hits,
     }
