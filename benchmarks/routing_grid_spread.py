@@ -27,8 +27,8 @@ seeds) with their ranges, and whether ``kv_aware`` is ahead on the mean and in e
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -98,7 +98,13 @@ def main(paths: list[str]) -> None:
     )
 
 
+def parse_args(argv: list[str] | None = None) -> list[str]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("grids", nargs="+", metavar="GRID_JSON", help="routing_grid.py --out files")
+    return parser.parse_args(argv).grids
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    main(sys.argv[1:])
+    main(parse_args())
