@@ -39,4 +39,6 @@ RUN pip install -c constraints.txt . \
 USER kvroute
 # 8000: OpenAI proxy, REST API, dashboard, /metrics.
 EXPOSE 8000
-CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
+# No API key: publish 8000 on 127.0.0.1 only (as docker-compose.yml does); set
+# KVROUTE_API_KEY (or --api-key) before publishing it beyond the host.
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000", "--allow-insecure-remote"]

@@ -6,7 +6,8 @@ Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
 
 * ``GET /health`` 200, ``GET /v1/models`` its model, ``GET /health_checks`` when each
   ``/health`` arrived (``time.monotonic()``, one clock for all engines of the process);
-* ``POST /v1/completions`` with a token-id prompt: the prompt's full blocks (16 tokens,
+* ``POST /v1/completions`` (and ``/v1/chat/completions``, answered alike) with a token-id
+  prompt: the prompt's full blocks (16 tokens,
   sha256 chain as vLLM) that this engine has not stored yet are published as one
   ``BlockStored``; the answer is a one-token completion whose
   ``usage.prompt_tokens_details.cached_tokens`` counts the leading blocks it already held
@@ -16,7 +17,13 @@ Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
   status (the blocks are still stored and published: a worker whose cache holds the
   prompt but whose HTTP fails), ``{"completions_delay_s": 5}`` answers them that late (a
   hung engine), ``{"health_status": 500}`` fails ``/health``,
-  ``{"close_events": true}`` closes its KV event stream.
+  ``{"close_events": true}`` closes its KV event stream, ``{"require_key": "K"}`` answers
+  401 on every path unless ``Authorization: Bearer K`` (an engine started with
+  ``--api-key``), ``{"break_stream": true}`` ends a streamed completion after its first
+  event by closing the connection (an engine dying mid-stream);
+* ``GET /last_request`` (tests): the headers of the last completion request, as received.
+
+Every answer carries ``date`` and ``server`` headers, as uvicorn's do.
 
 No model, no scheduler: the point is a fleet that answers in tens of microseconds, so what
 a benchmark measures is the router. Run: ``python benchmarks/light_engines.py --ports
@@ -62,6 +69,9 @@ class LightEngine:
         self.health_status = 200
         self.completions_delay_s = 0.0
         self.health_checks: list[float] = []  # time.monotonic() of each GET /health
+        self.require_key: bytes | None = None
+        self.break_stream = False
+        self.last_headers: dict[str, str] = {}
 
     def complete(self, body: dict) -> bytes:
         prompt = body.get("prompt")
@@ -119,7 +129,19 @@ class LightEngine:
         self.completions_delay_s = float(body.get("completions_delay_s", self.completions_delay_s))
         if body.get("close_events"):
             self.publisher.shutdown(0.2)
+        if "require_key" in body:
+            key = body["require_key"]
+            self.require_key = b"Bearer " + key.encode() if key else None
+        self.break_stream = bool(body.get("break_stream", self.break_stream))
         return b"{}"
+
+    def authorized(self, headers: list[bytes]) -> bool:
+        if self.require_key is None:
+            return True
+        return any(
+            h[:14].lower() == b"authorization:" and h[14:].strip() == self.require_key
+            for h in headers
+        )
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -133,7 +155,12 @@ class LightEngine:
                         length = int(h[15:])
                 raw = await reader.readexactly(length) if length else b""
                 ctype, status = b"application/json", 200
-                if path == b"/health":
+                broken = False
+                if path != b"/fault" and not self.authorized(headers):
+                    out, status = b'{"error": {"message": "Unauthorized"}}', 401
+                elif path == b"/last_request":
+                    out = _encode.encode(self.last_headers)
+                elif path == b"/health":
                     self.health_checks.append(time.monotonic())
                     out, status = b"{}", self.health_status
                 elif path == b"/health_checks":  # tests: when the router checked us
@@ -141,8 +168,14 @@ class LightEngine:
                 elif method == b"POST" and path == b"/fault":
                     out = self.fault(_decode.decode(raw))
                 elif path == b"/v1/models":
-                    out = _encode.encode({"object": "list", "data": [{"id": MODEL}]})
-                elif method == b"POST" and path == b"/v1/completions":
+                    card: dict[str, object] = {"id": MODEL, "object": "model"}
+                    card.update(owned_by="vllm", root=MODEL, max_model_len=4096)
+                    out = _encode.encode({"object": "list", "data": [card]})
+                elif method == b"POST" and path in (b"/v1/completions", b"/v1/chat/completions"):
+                    self.last_headers = {
+                        k.decode().lower(): v.decode().strip()
+                        for k, _, v in (h.partition(b":") for h in headers if h)
+                    }
                     body = _decode.decode(raw)
                     out = self.complete(body)
                     status = self.completions_status
@@ -153,16 +186,32 @@ class LightEngine:
                     elif body.get("stream") is True:
                         ctype = b"text/event-stream"
                         out = b"data: " + out + b"\n\ndata: [DONE]\n\n"
+                        broken = self.break_stream
                 else:
                     out, status = b'{"error": "not found"}', 404
-                writer.write(
-                    b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
-                    % (status, ctype, len(out), out)
-                )
+                if broken:  # the first event, then the connection drops mid-body
+                    event = out[: out.index(b"\n\n") + 2]
+                    writer.write(self.head(status, ctype, len(out)) + event)
+                    await writer.drain()
+                    return
+                writer.write(self.head(status, ctype, len(out)) + out)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass
         finally:
             writer.close()
+
+    @staticmethod
+    def head(status: int, ctype: bytes, length: int) -> bytes:
+        date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()).encode()
+        return (
+            b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
+            % (
+                status,
+                ctype,
+                length,
+            )
+            + b"date: %s\r\nserver: light-engine\r\n\r\n" % date
+        )
 
 
 async def run(ports: list[tuple[int, int, int]]) -> None:

@@ -211,6 +211,12 @@ def create_app(
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise _Reject(422, "invalid_request", "'tokens' must be a list of token ids")
+        # vLLM answers 400 for an id that is negative or does not fit the tokenizer's u32
+        # (DetokenizeRequest's bounds, then OverflowError, both 400); an id past the
+        # vocabulary but within u32 decodes to nothing there, so it does here too.
+        bad = next((t for t in tokens if not 0 <= t < 1 << 32), None)
+        if bad is not None:
+            raise _Reject(400, "invalid_request", f"Token id {bad} is out of vocabulary")
         return {"prompt": need_tokenizer("detokenize").decode(tokens)}
 
     @app.post("/reset_prefix_cache")

@@ -109,6 +109,11 @@ class RouterSettings(BaseSettings):
     api_key: str | None = None
     api_key_all: bool = False
     allow_insecure_remote: bool = False
+    # The key the proxy presents to the engines (``Authorization: Bearer``; vLLM's
+    # ``--api-key``) on forwarded requests, warming, health checks and pass-throughs.
+    # Without it, the client's ``Authorization`` is forwarded unless api_key is set (then
+    # it is the router's key, which stays here).
+    engine_api_key: str | None = None
     # Worker registration: hosts/CIDRs the router may connect to (empty = any), and a cap
     # on workers (each holds ZMQ sockets; the context's socket limit is sized from it).
     worker_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)

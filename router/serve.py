@@ -51,8 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--api-key",
-        help=f"key required on endpoints that mutate or add load: workers, route, finish "
-        f"({env}API_KEY)",
+        help=f"key required on endpoints that mutate or add load: workers, route, finish, "
+        f"completions ({env}API_KEY)",
+    )
+    add(
+        "--engine-api-key",
+        help=f"key the proxy sends to the engines as 'Authorization: Bearer' (their "
+        f"--api-key) ({env}ENGINE_API_KEY)",
     )
     add(
         "--api-key-all",
@@ -194,6 +199,22 @@ def exposure_problem(settings: RouterSettings) -> str | None:
     )
 
 
+def one_line_reason(exc: BaseException) -> str:
+    """``exc`` as one line (the promise: status 2 and a one-line reason): each of
+    pydantic's errors as ``field: message``, joined by "; "; any other message with its
+    line breaks folded."""
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors(include_url=False):
+            loc = ".".join(str(p) for p in err.get("loc", ()))
+            msg = " ".join(str(err.get("msg", "invalid")).split())
+            parts.append(f"{loc}: {msg}" if loc else msg)
+        if parts:
+            reason = "; ".join(parts)
+            return reason if exc.title == RouterSettings.__name__ else f"{exc.title}: {reason}"
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k != "config"}
@@ -204,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides["tokenizers"] = parse_tokenizers(overrides["tokenizers"])
         settings = load_settings(args.config, **overrides)
     except (ValidationError, ValueError, OSError) as exc:
-        print(f"kvroute serve: invalid settings: {exc}", file=sys.stderr)
+        print(f"kvroute serve: invalid settings: {one_line_reason(exc)}", file=sys.stderr)
         return 2
     problem = exposure_problem(settings)
     if problem is not None:
@@ -241,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         RegistrationUnavailable,
     ) as exc:
         kind = "duplicate worker id" if isinstance(exc, WorkerExists) else "invalid settings"
-        print(f"kvroute serve: {kind}: {exc}", file=sys.stderr)
+        print(f"kvroute serve: {kind}: {one_line_reason(exc)}", file=sys.stderr)
         return 2
     log.info(
         "kvroute serve on http://%s:%d (index=%s, workers=%d, route policy=%s profile=%s%s)",

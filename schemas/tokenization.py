@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Any
 
 
+class NotTokenizable(ValueError):
+    """A valid request whose token ids the router cannot compute as the engine will
+    (images, audio, prompt embeddings): it is forwarded unchanged and routed on load."""
+
+
 class TokenizationError(ValueError):
     """The request's prompt or messages cannot be tokenized (a 400 for the client)."""
 
@@ -56,8 +61,11 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text":
-                raise TokenizationError("only text content parts are supported")
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if not isinstance(kind, str):
+                raise TokenizationError("a content part needs a string 'type'")
+            if kind != "text":
+                raise NotTokenizable(f"a {kind!r} content part")
             text = part.get("text")
             if not isinstance(text, str):
                 raise TokenizationError("a text content part needs a string 'text'")
@@ -131,22 +139,76 @@ class ModelTokenizer:
         add_generation_prompt: bool = True,
         extra: Mapping[str, Any] | None = None,
     ) -> str:
+        """The chat template rendered as vLLM 0.33 renders it. ``add_generation_prompt`` is
+        the request's own field; ``extra`` its ``chat_template_kwargs``, merged the way
+        vLLM merges them (``_template_kwargs``). ``TokenizationError`` for any failure."""
+        kwargs = self._template_kwargs(
+            {"bos_token": self._special("bos_token"), "eos_token": self._special("eos_token")},
+            extra,
+        )
         if self.chat_template is None:
             raise TokenizationError(f"the tokenizer at {self.path} has no chat template")
-        from jinja2 import TemplateError
-
+        conversation = normalize_messages(messages)
         try:
+            # A request's ``messages`` kwarg collides here, as in transformers' render.
             return str(
                 self._template.render(
-                    **(extra or {}),
-                    messages=normalize_messages(messages),
-                    add_generation_prompt=add_generation_prompt,
-                    bos_token=self._special("bos_token"),
-                    eos_token=self._special("eos_token"),
+                    messages=conversation, add_generation_prompt=add_generation_prompt, **kwargs
                 )
             )
-        except TemplateError as exc:
+        except TokenizationError:
+            raise  # the template's raise_exception(): its own message
+        except Exception as exc:  # vLLM answers 400 for any failure of the template call
             raise TokenizationError(f"chat template: {exc}") from exc
+
+    @staticmethod
+    def _template_kwargs(
+        specials: Mapping[str, str], request: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        """The template's variables besides ``messages`` and ``add_generation_prompt``, from
+        the request's ``chat_template_kwargs`` as vLLM 0.33 builds them:
+
+        - a value of None or "auto" is dropped (``merge_kwargs`` in vllm/renderers/params.py,
+          applied to the request's kwargs by ``ChatParams.with_defaults``);
+        - ``chat_template`` (any value but None) is refused, as
+          ``OnlineRenderer.validate_chat_template`` refuses it without
+          ``--trust-request-chat-template``; ``conversation`` collides with
+          ``safe_apply_chat_template``'s own argument (vllm/renderers/hf.py), a TypeError
+          vLLM answers with a 400; ``messages`` collides in the template call itself;
+        - ``add_generation_prompt`` and ``continue_final_message``: the request's own
+          fields win (``ChatCompletionRequest.build_chat_params``); those and transformers'
+          other ``apply_chat_template`` arguments (``tokenize``, ``padding``...) never reach
+          the template;
+        - anything else is a template variable and wins over the defaults: the special
+          tokens (transformers: "kwargs overwrite special tokens"), ``tools`` and
+          ``documents`` (None, as transformers passes them, unless given).
+        """
+        given = {k: v for k, v in (request or {}).items() if v is not None and v != "auto"}
+        if (request or {}).get("chat_template") is not None:
+            raise TokenizationError(
+                "Chat template is passed with request, but --trust-request-chat-template "
+                "is not set. Refused request with untrusted chat template."
+            )
+        if "conversation" in given:
+            raise TokenizationError(
+                "chat_template_kwargs: 'conversation' collides with the request's messages"
+            )
+        consumed = (
+            "add_generation_prompt",
+            "continue_final_message",
+            "tokenize",
+            "sanitize_control_tokens",
+            "padding",
+            "truncation",
+            "max_length",
+            "return_tensors",
+            "return_dict",
+            "return_assistant_tokens_mask",
+            "tokenizer_kwargs",
+        )
+        for key in consumed:
+            given.pop(key, None)
+        return {"tools": None, "documents": None, **specials, **given}
 
     def encode_chat(self, body: Mapping[str, Any]) -> list[int]:
         """Token ids of a chat request, as vLLM's OpenAI server builds them."""
@@ -177,6 +239,8 @@ def completion_tokens(tok: ModelTokenizer | None, body: Mapping[str, Any]) -> li
         if tok is None:
             return None
         return tok.encode(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
+    if prompt in (None, "") and body.get("prompt_embeds") is not None:
+        return None  # vLLM takes embeddings instead of a prompt: nothing to tokenize
     raise TokenizationError(
         "'prompt' must be a non-empty string, token-id list, or a list of those"
     )

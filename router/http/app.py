@@ -9,13 +9,17 @@ fails start-up, rather than a router that reports ready without ``/v1/route``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.config import RouterSettings
@@ -24,9 +28,11 @@ from router.http.deps import ApiError
 from router.http.ratelimit import ClientRateLimiter, RateLimitCollector, RateLimitMiddleware
 from router.index import IndexUnavailable
 from router.proxy import install as install_proxy
+from router.ratelimited_log import RateLimitedLog
 from router.service import RouterService, UnknownWorker
 
 log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
 
 _CODES = {
     400: "bad_request",
@@ -63,37 +69,128 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+class ErrorCounts(Collector):
+    """``kvroute_http_errors_total{code}``: error answers of the router's own endpoints.
+
+    Bad input must be visible, not only answered: a client sending malformed bodies shows
+    up here by error code (a bounded set). The proxied completions count theirs in
+    ``kvroute_proxy_requests_total{outcome}``, and 429s in
+    ``kvroute_http_rate_limited_total``.
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "kvroute_http_errors",
+            "error answers (4xx/5xx) of the router's own endpoints, by error code",
+            labels=["code"],
+        )
+        for code, n in sorted(self.counts.items()):
+            family.add_metric([code], n)
+        yield family
+
+
+def _answer(
+    request: Request,
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """The error answer, counted, and logged rate-limited (one key per code)."""
+    counts: ErrorCounts | None = getattr(request.app.state, "http_errors", None)
+    if counts is not None:
+        counts.counts[code] += 1
+    _limited.info(
+        ("rejected", code),
+        "%s %s answered %d %s: %s",
+        request.method,
+        request.url.path,
+        status,
+        code,
+        message,
+        extra={"event": "http_error", "code": code, "status": status},
+    )
+    return error_response(status, code, message, headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.state.http_errors = ErrorCounts()
+
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _answer(request, exc.status, exc.code, exc.message, exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":
             message = "no such endpoint"
-        return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+        return _answer(request, exc.status_code, code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "invalid_request", _validation_message(exc))
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _answer(request, 422, "invalid_request", _validation_message(exc))
 
     @app.exception_handler(UnknownWorker)
-    async def _unknown_worker(_: Request, exc: UnknownWorker) -> JSONResponse:
-        return error_response(404, "unknown_worker", str(exc))
+    async def _unknown_worker(request: Request, exc: UnknownWorker) -> JSONResponse:
+        return _answer(request, 404, "unknown_worker", str(exc))
 
     @app.exception_handler(IndexUnavailable)
-    async def _index_down(_: Request, exc: IndexUnavailable) -> JSONResponse:
-        return error_response(
-            503, "index_unavailable", f"the index backend is unavailable: {exc}".rstrip(": ")
-        )
+    async def _index_down(request: Request, exc: IndexUnavailable) -> JSONResponse:
+        message = f"the index backend is unavailable: {exc}".rstrip(": ")
+        return _answer(request, 503, "index_unavailable", message)
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal_error", f"internal error: {type(exc).__name__}")
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, _: ClientDisconnect) -> JSONResponse:
+        # The client left while sending its body: nobody reads this answer, but it is
+        # counted (and no traceback is logged for a client's choice).
+        return _answer(request, 400, "client_disconnected", "the client went away mid-request")
+
+
+class InternalErrorMiddleware:
+    """JSON 500 for an unexpected exception, logged with its traceback rate-limited.
+
+    Starlette's own catch-all answers 500 and then re-raises, so the server logs every
+    such request's traceback again, unthrottled; this layer sits inside it and ends the
+    exception here. If the response had already started, the connection is closed.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            request = Request(scope)
+            _limited.exception(
+                ("internal", request.url.path, type(exc).__name__),
+                "unhandled error on %s %s",
+                request.method,
+                request.url.path,
+                extra={"event": "internal_error"},
+            )
+            counts: ErrorCounts | None = getattr(scope["app"].state, "http_errors", None)
+            if counts is not None:
+                counts.counts["internal_error"] += 1
+            if not started:
+                message = f"internal error: {type(exc).__name__}"
+                await error_response(500, "internal_error", message)(scope, receive, send)
 
 
 class BodyLimitMiddleware:
@@ -190,10 +287,21 @@ def create_app(
     )
     app.state.service = svc
     install_error_handlers(app)
+    try:
+        svc.metrics.registry.register(app.state.http_errors)
+    except ValueError:  # the same service behind a second app
+        log.debug("http error metrics already registered")
+    app.add_middleware(InternalErrorMiddleware)
     # A token needs at most ~12 JSON bytes; allow generous room for the other fields.
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=svc.settings.max_request_tokens * 12 + (1 << 20)
     )
+    app.include_router(health.router)
+    app.include_router(workers.router)
+    app.include_router(scoring.router)
+    routing.install(app, svc)
+    stream.install(app, svc)
+    install_proxy(app, svc)  # the proxy routes with the routing extension's core
     settings = svc.settings
     if settings.client_rate_limit > 0:
         limiter = ClientRateLimiter(settings.client_rate_limit, settings.client_rate_burst)
@@ -202,11 +310,6 @@ def create_app(
             svc.metrics.registry.register(RateLimitCollector(limiter))
         except ValueError:  # the same service behind a second app
             log.debug("rate-limit metrics already registered")
+        # Added last, so outermost: the proxied completions are limited too.
         app.add_middleware(RateLimitMiddleware, limiter=limiter)
-    app.include_router(health.router)
-    app.include_router(workers.router)
-    app.include_router(scoring.router)
-    routing.install(app, svc)
-    stream.install(app, svc)
-    install_proxy(app, svc)  # the proxy routes with the routing extension's core
     return app

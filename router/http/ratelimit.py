@@ -23,6 +23,9 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# Set in the ASGI scope once a request has been charged: ``router.proxy.outermost`` puts a
+# second copy of the middleware in front of the proxy, and a request must pay once.
+_CHECKED = "kvroute.rate_checked"
 MAX_CLIENTS = 10_000
 
 
@@ -79,9 +82,14 @@ class RateLimitMiddleware:
         self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in EXEMPT_PATHS:
+        if (
+            scope["type"] != "http"
+            or scope.get("path") in EXEMPT_PATHS
+            or scope.get(_CHECKED)  # already charged by an outer copy of this layer
+        ):
             await self.app(scope, receive, send)
             return
+        scope[_CHECKED] = True
         client = scope.get("client")
         wait = self.limiter.allow(client[0] if client else "")
         if wait <= 0.0:

@@ -109,7 +109,9 @@ async def route(
     request_id = body.request_id or uuid.uuid4().hex
     if request_id in core.inflight:  # checked first too, to spare scoring a duplicate
         raise _duplicate(request_id)
-    if body.workers == [] or (body.workers is None and not service.worker_ids()):
+    if body.workers == []:  # the caller's own choice of nothing: a bad request
+        raise ApiError(422, "invalid_request", "workers: an empty list leaves nothing to route to")
+    if body.workers is None and not service.worker_ids():
         raise ApiError(503, "no_workers", "no workers are registered to route to")
     scores = await service.score_result(
         body.token_ids,
@@ -147,7 +149,9 @@ async def route(
 
 
 @router.post(
-    "/v1/requests/{request_id}/finish",
+    # ``:path``: a request id may hold "/" (vLLM's and clients' ids are free-form), and
+    # every id /v1/route accepts must be finishable.
+    "/v1/requests/{request_id:path}/finish",
     status_code=204,
     response_class=Response,
     summary="the request is done: stop counting it as load on its worker",

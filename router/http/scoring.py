@@ -67,6 +67,10 @@ async def read_score_body(request: Request, decoder: Any = _score_decoder) -> An
         raise ApiError(422, "invalid_request", f"invalid body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ApiError(422, "invalid_request", f"body is not valid JSON: {exc}") from None
+    except UnicodeError:  # msgspec raises it for invalid UTF-8 inside a JSON string
+        raise ApiError(422, "invalid_request", "body is not valid UTF-8 JSON") from None
+    except RecursionError:
+        raise ApiError(422, "invalid_request", "body is nested too deeply") from None
 
 
 def check_request_size(service: RouterService, token_ids: list[int]) -> None:

@@ -14,6 +14,7 @@ import logging
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from router.http.ratelimit import RateLimitMiddleware
 from router.proxy.core import Proxy, ProxyError
 from router.proxy.endpoints import router
 from router.proxy.forward import ProxyMiddleware
@@ -44,6 +45,14 @@ def install(app: FastAPI, service: RouterService) -> Proxy:
 
 
 def outermost(app: FastAPI) -> ASGIApp:
-    """``app`` with the proxy in front of everything (``app`` unchanged without one)."""
+    """``app`` with the proxy in front of everything (``app`` unchanged without one), and
+    the per-client rate limit, when one is set, in front of the proxy: completions are
+    requests of a client like any other (docs/security.md)."""
     proxy = getattr(app.state, "proxy", None)
-    return app if proxy is None else ProxyMiddleware(app, proxy=proxy)
+    if proxy is None:
+        return app
+    front: ASGIApp = ProxyMiddleware(app, proxy=proxy)
+    limiter = getattr(app.state, "rate_limiter", None)
+    if limiter is not None:
+        front = RateLimitMiddleware(front, limiter=limiter)
+    return front

@@ -23,7 +23,7 @@ from router.proxy.metrics import ProxyCounters
 from router.proxy.upstream import UpstreamPool
 from router.routing.state import Decision, RoutingCore
 from router.service import RouterService
-from schemas.tokenization import TokenizerRegistry, completion_tokens
+from schemas.tokenization import NotTokenizable, TokenizerRegistry, completion_tokens
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ def make_client(settings: RouterSettings) -> httpx.AsyncClient:
         max_keepalive_connections=settings.proxy_max_connections,
         keepalive_expiry=30.0,
     )
-    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+    key = settings.engine_api_key
+    headers = {"authorization": f"Bearer {key}"} if key else None
+    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, headers=headers)
 
 
 class Proxy:
@@ -71,6 +73,7 @@ class Proxy:
             connect_timeout=s.proxy_connect_timeout_s,
             read_timeout=s.proxy_timeout_s,
             max_idle_per_host=s.proxy_max_connections,
+            api_key=s.engine_api_key,
         )
         self.tokenizers = TokenizerRegistry(s.tokenizers)
         self.tokenizers.load_all()  # a bad path fails at start-up, not on a request
@@ -102,6 +105,15 @@ class Proxy:
         for w in self.service.worker_ids():
             names |= self.worker_models(w) or set()
         return sorted(names)
+
+    def model_card(self, name: str) -> dict[str, object] | None:
+        """An engine's own card for ``name`` (vLLM's has ``max_model_len``, ``root``...),
+        from the first worker that reported one; None when no engine did."""
+        for w in self.service.worker_ids():
+            h = self.health.workers.get(w)
+            if h is not None and name in h.cards:
+                return h.cards[name]
+        return None
 
     def candidates(self, model: str | None) -> list[str]:
         """Live workers serving ``model``; 404 when none serves it, 503 when none is live.
@@ -147,7 +159,11 @@ class Proxy:
             if tok is None:
                 self.counters.untokenized += 1
                 return []
-            return tok.encode_chat(body)
+            try:
+                return tok.encode_chat(body)
+            except NotTokenizable:  # e.g. an image part: the engine's ids are not ours
+                self.counters.untokenized += 1
+                return []
         ids = completion_tokens(tok, body)
         if ids is None:
             self.counters.untokenized += 1

@@ -10,14 +10,10 @@ import httpx
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from router.http.deps import require_read_key, require_write_key
+from router.http.deps import ApiError, require_read_key, require_write_key
 from router.proxy.core import Proxy, ProxyError
 
 router = APIRouter(tags=["openai"])
-
-
-def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
 def _proxy(request: Request) -> Proxy:
@@ -30,14 +26,15 @@ def _proxy(request: Request) -> Proxy:
     dependencies=[Depends(require_read_key)],
 )
 async def models(request: Request) -> dict[str, Any]:
+    """Each model's card as an engine gave it (so clients keep ``max_model_len`` and the
+    rest), else a minimal one for a model named only in a worker spec."""
     now = int(time.time())
-    return {
-        "object": "list",
-        "data": [
-            {"id": m, "object": "model", "created": now, "owned_by": "kvroute"}
-            for m in _proxy(request).models()
-        ],
-    }
+    p = _proxy(request)
+    data = []
+    for m in p.models():
+        card = p.model_card(m)
+        data.append(card or {"id": m, "object": "model", "created": now, "owned_by": "kvroute"})
+    return {"object": "list", "data": data}
 
 
 @router.get(
@@ -56,13 +53,13 @@ async def _pass_through(request: Request, path: str) -> Response:
     raw = await request.body()
     try:
         body = await request.json()
-    except ValueError:
-        return error_response(400, "invalid_json", "request body is not valid JSON")
+    except (ValueError, RecursionError):  # ValueError covers invalid UTF-8 too
+        raise ApiError(400, "invalid_json", "request body is not valid JSON") from None
     model = body.get("model") if isinstance(body, dict) else None
     try:
         workers = p.candidates(model if isinstance(model, str) else None)
     except ProxyError as exc:
-        return error_response(exc.status, exc.code, exc.message)
+        raise ApiError(exc.status, exc.code, exc.message) from None
     # Not a cache decision: the least busy live worker answers.
     inflight = p.core.inflight_by_worker()
     for worker in sorted(workers, key=lambda w: inflight.get(w, 0)):
@@ -80,7 +77,7 @@ async def _pass_through(request: Request, path: str) -> Response:
             media_type=r.headers.get("content-type"),
             headers={"x-kvroute-worker": worker},
         )
-    return error_response(502, "upstream_failed", f"no worker answered {path}")
+    raise ApiError(502, "upstream_failed", f"no worker answered {path}")
 
 
 @router.post(

@@ -71,6 +71,33 @@ class _Reply:
         await self._send(message)
 
 
+class _ClientGone(Exception):
+    """The client disconnected before its request body arrived: nothing to answer."""
+
+
+# Request headers not forwarded: hop-by-hop and framing ones (the upstream client sets
+# its own), the body's encoding we may not serve back, and the router's own. Everything
+# else reaches the engine (trace context, vLLM's X-data-parallel-rank, custom headers).
+_NOT_FORWARDED = frozenset(
+    {
+        b"host",
+        b"content-length",
+        b"content-type",
+        b"transfer-encoding",
+        b"connection",
+        b"keep-alive",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"expect",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"accept-encoding",
+        b"x-kvroute-policy",
+    }
+)
+
+
 class _Failed(Exception):
     """An attempt failed before any byte reached the client: try the next worker."""
 
@@ -104,6 +131,8 @@ class ProxyMiddleware:
         except ProxyError as exc:
             outcome = exc.code
             await _send_json(reply.send, *_json_error(exc.status, exc.code, exc.message))
+        except _ClientGone:
+            outcome = "client_cancelled"
         except Exception as exc:  # a bug: answer JSON 500 if we still can, never crash
             outcome = "internal_error"
             self._log(f"internal error: {exc!r}", exc_info=True)
@@ -122,7 +151,7 @@ class ProxyMiddleware:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise asyncio.CancelledError
+                raise _ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
@@ -157,6 +186,10 @@ class ProxyMiddleware:
             raise ProxyError(
                 400, "invalid_json", f"request body is not valid JSON: {exc}"
             ) from None
+        except UnicodeError:  # msgspec raises it for invalid UTF-8 inside a string
+            raise ProxyError(400, "invalid_json", "request body is not valid UTF-8") from None
+        except RecursionError:
+            raise ProxyError(400, "invalid_json", "request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise ProxyError(400, "invalid_request", "request body must be a JSON object")
         model = body.get("model")
@@ -164,14 +197,17 @@ class ProxyMiddleware:
             raise ProxyError(400, "invalid_request", "'model' (a string) is required")
         policy = None
         forward_headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
+        # With a router key the client's Authorization (and X-API-Key) is that key: it
+        # stays here (the engines get engine_api_key, when set, from the upstream pool).
+        keyed = bool(self.proxy.settings.api_key)
         for name, value in scope["headers"]:
             if name == b"x-kvroute-policy":
                 try:
                     policy = check_policy(value.decode("latin-1"))
                 except ValueError as exc:
                     raise ProxyError(400, "unknown_policy", str(exc)) from None
-            elif name in (b"x-request-id", b"accept") or (
-                name == b"authorization" and not self.proxy.settings.api_key
+            elif name not in _NOT_FORWARDED and not (
+                keyed and name in (b"authorization", b"x-api-key")
             ):
                 forward_headers.append((name, value))
         stream = body.get("stream") is True
@@ -255,11 +291,11 @@ class ProxyMiddleware:
                 last = f"{worker}: {exc}"
                 c = p.counters.worker(worker)
                 c.upstream_errors += 1
-                c.retried_away += attempts > 0
+                scores = [s for s in scores if s.worker_id != worker]
+                c.retried_away += attempts > 0 and bool(scores)  # a retry really follows
                 if isinstance(exc, _Failed) and exc.connect:
                     p.health.forward_failed(worker, str(exc))
                 self._log(f"attempt on {worker} failed before the first byte: {exc}")
-                scores = [s for s in scores if s.worker_id != worker]
             finally:
                 p.finish(decision)
         status, error = _json_error(502, "upstream_failed", f"every attempt failed; last: {last}")
@@ -352,9 +388,10 @@ class ProxyMiddleware:
             err = msgspec.json.encode(
                 {"error": {"code": "upstream_failed", "message": f"stream broken: {exc}"}}
             )
-            await send(
-                {"type": "http.response.body", "body": b"data: " + err + b"\n\n", "more_body": True}
-            )
+            # As vLLM ends a stream that failed: the error event, then [DONE], so a client
+            # reading to [DONE] stops.
+            event = b"data: " + err + b"\n\ndata: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         if want_usage:
             self._observe(decision, cached_tokens_of_stream(tail))

@@ -47,6 +47,8 @@ class WorkerHealth:
     forward_failures: int = 0
     last_ok: float | None = None
     models: frozenset[str] | None = None  # discovered from /v1/models; None = unknown
+    # The engine's model cards (id -> card as it answered: max_model_len, root, ...).
+    cards: dict[str, dict[str, object]] = field(default_factory=dict)
     transitions: int = 0
     down_since: float | None = field(default=None)
 
@@ -136,22 +138,26 @@ class HealthMonitor:
             status, _ = await self.upstream.get(f"{base}/health", self.timeout_s)
             ok, reason = status == 200, f"GET /health answered {status}"
             if ok and h.models is None and sub.spec.model is None:
-                h.models = await self._models(base)
+                h.models, h.cards = await self._models(base)
         except UpstreamError as exc:
             ok, reason = False, f"GET /health failed: {exc}"
         if not ok:
             h.failed_checks += 1
         self._set(worker_id, h, ok, reason)
 
-    async def _models(self, base: str) -> frozenset[str] | None:
+    async def _models(
+        self, base: str
+    ) -> tuple[frozenset[str] | None, dict[str, dict[str, object]]]:
+        """The served model names and the engine's cards for them (None, {}: unknown)."""
         try:
             status, body = await self.upstream.get(f"{base}/v1/models", self.timeout_s)
             data = _decode.decode(body).get("data") if status == 200 else None
             if isinstance(data, list):
-                return frozenset(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m)
+                cards = {str(m["id"]): m for m in data if isinstance(m, dict) and "id" in m}
+                return frozenset(cards), cards
         except (UpstreamError, msgspec.DecodeError, AttributeError):
             pass
-        return None
+        return None, {}
 
     def _prune(self) -> list[str]:
         ids = self.service.worker_ids()

@@ -24,8 +24,11 @@ from urllib.parse import urlsplit
 
 import httptools
 
-# Hop-by-hop and framing headers: the ASGI server in front sets its own.
-DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length"})
+# Hop-by-hop and framing headers, and the ones the ASGI server in front sets itself (a
+# second ``date`` or ``server`` would make the answer carry two).
+DROP = frozenset(
+    {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"}
+)
 _PAUSE_AT = 1 << 20  # buffered bytes from one upstream before reading pauses
 
 
@@ -203,7 +206,11 @@ class UpstreamPool:
         read_timeout: float,
         max_idle_per_host: int = 256,
         idle_expiry_s: float = 4.0,
+        api_key: str | None = None,
     ) -> None:
+        # Sent as ``Authorization: Bearer`` on every request, in place of any the caller
+        # passes (the engines' own key: ``engine_api_key``).
+        self._auth = b"Bearer " + api_key.encode() if api_key else None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_idle = max_idle_per_host
@@ -287,8 +294,12 @@ class UpstreamPool:
         one. ``timeout`` (default: the pool's) bounds the connect and each read."""
         key, path = self.split(url)
         head = [method, b" ", path, b" HTTP/1.1\r\nhost: %s:%d\r\n" % (key[0].encode(), key[1])]
+        auth = self._auth
         for name, value in headers:
-            head += (name, b": ", value, b"\r\n")
+            if auth is None or name != b"authorization":
+                head += (name, b": ", value, b"\r\n")
+        if auth is not None:
+            head += (b"authorization: ", auth, b"\r\n")
         if body is None:
             head.append(b"\r\n")
             data = b"".join(head)

@@ -283,7 +283,7 @@ def test_every_v1_endpoint_declares_its_auth_class():
         ("POST", "/v1/workers"),
         ("DELETE", "/v1/workers/{worker_id}"),
         ("POST", "/v1/route"),
-        ("POST", "/v1/requests/{request_id}/finish"),
+        ("POST", "/v1/requests/{request_id:path}/finish"),
     }
     seen = set()
     for route in _all_routes(app.routes):

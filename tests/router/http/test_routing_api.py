@@ -164,8 +164,10 @@ async def test_route_errors_are_json(env: Env) -> None:
     assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_policy"
     r = await route(env, [1, 2, 3], workers=["nope"])
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_worker"
+    # An empty candidate list is the caller's mistake, not a fleet without workers.
     r = await route(env, [1, 2, 3], workers=[])
-    assert r.status_code == 503 and r.json()["error"]["code"] == "no_workers"
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    assert "empty" in r.json()["error"]["message"]
     r = await env.client.post("/v1/route", json={"token_ids": ["x"]})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
     limit = env.service.settings.max_request_tokens
