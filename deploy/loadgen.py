@@ -18,7 +18,10 @@ RATE = float(os.environ.get("KVROUTE_RPS", "4"))
 LIMIT = int(os.environ.get("KVROUTE_LOADGEN_REQUESTS", "0"))  # 0: until stopped
 WORDS = ["kabe", "dodo", "fifu", "hali", "mopa", "suvo", "zuzu", "lolo", "pela", "wiko"]
 
-client = OpenAI(base_url=URL, api_key="unused", max_retries=2, timeout=60)
+# The router's key when it has one (KVROUTE_API_KEY, as the router reads it).
+client = OpenAI(
+    base_url=URL, api_key=os.environ.get("KVROUTE_API_KEY", "unused"), max_retries=2, timeout=60
+)
 rng = random.Random(0)
 systems = [" ".join(rng.choices(WORDS, k=300)) for _ in range(3)]
 sessions: list[list[dict[str, str]]] = []

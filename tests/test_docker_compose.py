@@ -19,8 +19,9 @@ import yaml
 
 from offload_core.engine_cli import build_parser as engine_parser
 from router.cli import SUBCOMMANDS
-from router.config import parse_worker_spec
+from router.config import load_settings, parse_worker_spec
 from router.serve import build_parser as serve_parser
+from router.serve import exposure_problem, parse_tokenizers
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -308,3 +309,17 @@ def test_readme_says_how_to_run_it_with_compose_v2() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "docker compose up" in readme and "Compose v2" in readme
     assert "docker-compose up" not in readme  # the v1 command
+
+
+def test_the_router_commands_pass_serves_start_up_checks() -> None:
+    """Parsing is not enough: `kvroute serve --host 0.0.0.0` without a key is refused at
+    start-up, which restarted the compose router in a loop."""
+    dockerfile = (ROOT / "Dockerfile").read_text().splitlines()
+    (cmd,) = [json.loads(line[4:]) for line in dockerfile if line.startswith('CMD ["serve"')]
+    for command in (SERVICES["router"]["command"], cmd):
+        args = serve_parser().parse_args(command[1:])
+        overrides = {k: v for k, v in vars(args).items() if k != "config"}  # as serve does
+        overrides["workers"] = [parse_worker_spec(w) for w in overrides["workers"] or []]
+        overrides["tokenizers"] = parse_tokenizers(overrides["tokenizers"] or [])
+        settings = load_settings(None, **overrides)
+        assert exposure_problem(settings) is None, command
