@@ -193,8 +193,14 @@ class ProxyMiddleware:
         if not isinstance(body, dict):
             raise ProxyError(400, "invalid_request", "request body must be a JSON object")
         model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise ProxyError(400, "invalid_request", "'model' (a string) is required")
+        if model is None:  # vLLM serves its one model; a fleet of several must be told
+            served = self.proxy.models()
+            if len(served) > 1:
+                raise ProxyError(
+                    400, "invalid_request", f"'model' is required: served are {', '.join(served)}"
+                )
+        elif not isinstance(model, str) or not model:
+            raise ProxyError(400, "invalid_request", "'model' must be a non-empty string")
         policy = None
         forward_headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
         # With a router key the client's Authorization (and X-API-Key) is that key: it

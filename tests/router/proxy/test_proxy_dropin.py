@@ -125,6 +125,9 @@ def test_multimodal_chat_and_prompt_embeds_are_forwarded_and_routed_on_load(
         )
         assert done.headers["x-kvroute-worker"] == "e0"
         assert "kvroute_proxy_untokenized_total 2.0" in router.metrics()
+        # No model: the fleet serves one, so it is that one (vLLM's own default).
+        r = httpx.post(f"{router.url}/v1/completions", json={"prompt": PROMPT}, timeout=30)
+        assert r.status_code == 200 and r.headers["x-kvroute-worker"] == "e0"
         # A malformed part is still the client's mistake.
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(

@@ -57,6 +57,9 @@ def test_requests_route_by_model_to_the_workers_serving_it(tmp_path: Path) -> No
             )
         assert err.value.body["code"] == "model_not_found"
         assert "alpha" in err.value.body["message"] and "beta" in err.value.body["message"]
+        # No model at all: vLLM would serve its one model; two are served here.
+        r = httpx.post(f"{router.url}/v1/completions", json={"prompt": "kabe"}, timeout=30)
+        assert r.status_code == 400 and "alpha, beta" in r.json()["error"]["message"]
         assert router.workers()[alpha.worker_id]["routed"] == 4
         assert router.workers()[beta.worker_id]["routed"] == 5
     finally:

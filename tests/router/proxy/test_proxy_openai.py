@@ -160,7 +160,8 @@ def test_unknown_model_is_a_clear_404(client: openai.OpenAI) -> None:
     [
         ("/v1/completions", b"{not json", 400),
         ("/v1/completions", b"[1, 2]", 400),
-        ("/v1/completions", b'{"prompt": "hi"}', 400),
+        ("/v1/completions", b'{"model": 5, "prompt": "hi"}', 400),
+        ("/v1/completions", b'{"model": "", "prompt": "hi"}', 400),
         ("/v1/completions", b'{"model": "kvroute-sim", "prompt": []}', 400),
         ("/v1/completions", b'{"model": "kvroute-sim", "prompt": [1, "x"]}', 400),
         ("/v1/chat/completions", b'{"model": "kvroute-sim", "messages": []}', 400),
