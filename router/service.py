@@ -13,9 +13,10 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import zmq
 from pydantic import Field
 
 from router.config import RouterSettings, WorkerSpec
@@ -27,7 +28,8 @@ from router.ingest.subscription import WorkerSubscription
 from router.ingest.subscriptions import RegistrationUnavailable, SubscriptionManager
 from router.logging_setup import event_extra
 from router.metrics import RouterMetrics
-from router.netutil import InvalidEndpoint
+from router.netutil import InvalidEndpoint, connect_endpoint
+from router.ratelimited_log import RateLimitedLog
 from router.score.scorer import Scorer, ScoreResult, to_response
 from schemas.endpoints import parse_allow_list
 from schemas.rest import ScoreResponse, WorkerInfo
@@ -81,6 +83,33 @@ class UnknownWorker(KeyError):
         return f"unknown worker {self.worker_id!r}"
 
 
+# How long a cancelled task may take to end before it is cancelled again (``_end``).
+RECANCEL_AFTER_S = 0.5
+
+
+async def _end(task: asyncio.Task[None]) -> None:
+    """Await a cancelled task, cancelling it again for as long as it lives on: redis-py
+    can swallow a cancellation that lands as its command completes, and a loop that does
+    not check a stop flag of its own (the shared listener's, feeding a worker into Redis)
+    then simply waits for its next frame -- and ``stop()`` would wait forever."""
+    while not task.done():
+        await asyncio.wait({task}, timeout=RECANCEL_AFTER_S)
+        if not task.done():
+            task.cancel()
+    if not task.cancelled():
+        task.exception()  # retrieved (a failure at stop is not worth a warning)
+
+
+class _IdLock:
+    """A worker id's lock and how many callers hold it or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class RouterService:
     """The router's state and lifecycle; ``start()``/``stop()`` are idempotent."""
 
@@ -105,7 +134,13 @@ class RouterService:
         self._background: list[BackgroundFactory] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.listener: TopicListener | None = None
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Only ids with a registration or removal in progress (or waiting): a refused
+        # registration of a fresh id leaves no entry behind.
+        self._locks: dict[str, _IdLock] = {}
+        # True from a start-up the index did not answer until the workers are set up in it
+        # (``_set_up_index``): not ready, and scores answer "index unavailable".
+        self._index_pending = False
+        self._limited = RateLimitedLog(log)
         self.index_watch: IndexWatch | None = None
         # The OpenAI proxy (router.proxy.OpenAIProxy) once router.proxy.install ran: the
         # dashboard summary reads its health. Any: router.proxy imports this module.
@@ -117,16 +152,26 @@ class RouterService:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        """Start ingesting and serving. An index that does not answer yet does not stop
+        it: the workers' subscriptions are open (frames wait in their SUB queues, and the
+        catch-up replay fetches the rest) and are set up in the index in the background,
+        retried with the ingest backoff, once it answers; until then ``ready()`` is False
+        and scores raise ``IndexUnavailable`` (503)."""
         if self._running or self._stopped:
             return
         self._running = True
-        for spec in self.settings.workers:
-            await self.ingestor.configure(spec.worker_id, spec.engine_settings())
-        await self._restore_registrations()
-        self.subscriptions.start()
-        if self.index.kind != "memory" and self.settings.index_check_s > 0:
-            self.index_watch = IndexWatch(self, self.settings.index_check_s)
-            self._tasks.append(asyncio.create_task(self.index_watch.run(), name="kvroute-watch"))
+        if not await self._set_up_index():
+            self._index_pending = True
+            log.warning(
+                "the %s index is unavailable at start-up: its %d worker(s) will be set up in "
+                "it, and ingestion will start, once it answers (retrying with backoff)",
+                self.index.kind,
+                len(self.subscriptions.all()),
+                extra=event_extra("index_setup_deferred", workers=len(self.subscriptions.all())),
+            )
+            self._tasks.append(
+                asyncio.create_task(self._set_up_when_index_answers(), name="kvroute-index-setup")
+            )
         if self.settings.listen is not None:
             listener = TopicListener(
                 self.settings, self.subscriptions.context, self.subscriptions.get, self._adopt
@@ -139,6 +184,54 @@ class RouterService:
             "router started: index=%s workers=%d", self.index.kind, len(self.subscriptions.all())
         )
 
+    async def _set_up_index(self) -> bool:
+        """Save the start-up workers' settings in the index (their first batch needs the
+        hash unit), register again the workers it kept, then start the subscriptions and
+        the index watch. False, with nothing started, while the index does not answer;
+        every step is idempotent, so a later call picks up where this one stopped."""
+        try:
+            for spec in self.settings.workers:
+                async with self._lifecycle(spec.worker_id):
+                    sub = self.subscriptions.get(spec.worker_id)
+                    if sub is None or sub.spec is not spec:  # removed (or replaced) meanwhile
+                        continue
+                    await self.ingestor.configure(spec.worker_id, spec.engine_settings())
+            await self._restore_registrations()
+        except IndexUnavailable:
+            return False
+        if self._stopped:
+            return True
+        self.subscriptions.start()
+        if self.index.kind != "memory" and self.settings.index_check_s > 0:
+            self.index_watch = IndexWatch(self, self.settings.index_check_s)
+            self._tasks.append(asyncio.create_task(self.index_watch.run(), name="kvroute-watch"))
+        return True
+
+    async def _set_up_when_index_answers(self) -> None:
+        """``_set_up_index`` again, with the ingest backoff, until it succeeds."""
+        delay = self.settings.ingest_retry_initial_s
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.settings.ingest_retry_max_s)
+            try:
+                done = await self._set_up_index()
+            except Exception:  # a bug, not an outage: keep it visible, keep trying
+                self._limited.exception(
+                    "index_setup_failed",
+                    "setting the workers up in the index failed; retrying",
+                    extra=event_extra("index_setup_failed"),
+                )
+                continue
+            if done:
+                break
+        self._index_pending = False
+        log.info(
+            "the %s index answers: %d worker(s) set up, ingestion started",
+            self.index.kind,
+            len(self.subscriptions.all()),
+            extra=event_extra("index_setup_done", workers=len(self.subscriptions.all())),
+        )
+
     async def stop(self) -> None:
         if self._stopped:
             return
@@ -147,8 +240,7 @@ class RouterService:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await _end(task)
         self._tasks.clear()
         await self.subscriptions.stop()
         with contextlib.suppress(Exception):
@@ -156,18 +248,21 @@ class RouterService:
         log.info("router stopped")
 
     async def _restore_registrations(self) -> None:
-        """Workers registered over REST before a restart (kept in the index)."""
-        try:
-            kept = await self.index.load_registrations()
-        except IndexUnavailable:
-            log.warning("index unavailable at start-up: REST registrations not restored")
-            return
+        """Workers registered over REST before a restart (kept in the index); raises
+        ``IndexUnavailable`` (a later call restores the rest)."""
+        kept = await self.index.load_registrations()
         for worker_id, blob in sorted(kept.items()):
             if worker_id in self.subscriptions:
                 continue
             try:
                 await self.add_worker(WorkerSpec.model_validate_json(blob), persist=False)
-            except (WorkerExists, InvalidEndpoint, ValueError) as exc:
+            except (
+                WorkerExists,
+                ValueError,  # InvalidEndpoint, a blob that no longer validates
+                TooManyWorkers,
+                EndpointNotAllowed,
+                RegistrationUnavailable,
+            ) as exc:
                 log.warning("kept registration of %s not restored: %s", worker_id, exc)
 
     async def restore_worker(self, worker_id: str) -> None:
@@ -181,11 +276,27 @@ class RouterService:
             await self.index.save_registration(worker_id, sub.spec.model_dump_json().encode())
 
     async def _adopt(self, spec: WorkerSpec) -> WorkerSubscription | None:
-        """A worker named by a new topic on the shared listener."""
+        """A worker named by a new topic on the shared listener; None (the frame is
+        dropped) when it cannot be registered now. Nothing here may end the listener:
+        an index outage (the worker is adopted at a frame once the index answers) or
+        ``max_workers`` reached would stop every engine the listener feeds."""
         try:
             await self.add_worker(spec)
-        except (WorkerExists, InvalidEndpoint, ValueError) as exc:
-            log.warning("listener: cannot add worker %s: %s", spec.worker_id, exc)
+        except (
+            WorkerExists,
+            ValueError,  # InvalidEndpoint
+            TooManyWorkers,
+            EndpointNotAllowed,
+            RegistrationUnavailable,
+            IndexUnavailable,
+        ) as exc:
+            self._limited.warning(
+                ("adopt", type(exc).__name__),
+                "listener: cannot add worker %s: %s",
+                spec.worker_id,
+                exc,
+                extra=event_extra("listener_adopt_failed", worker=spec.worker_id),
+            )
             return None
         return self.subscriptions.get(spec.worker_id)
 
@@ -207,7 +318,9 @@ class RouterService:
         self._tasks.append(asyncio.create_task(guarded()))
 
     # ------------------------------------------------------------------ workers
-    def _register(self, spec: WorkerSpec) -> WorkerSubscription:
+    def _check(self, spec: WorkerSpec) -> None:
+        """The refusals that need no socket and no index: ``WorkerExists``,
+        ``TooManyWorkers``, ``EndpointNotAllowed``."""
         if spec.worker_id in self.subscriptions:
             raise WorkerExists(spec.worker_id)
         limit = self.settings.max_workers
@@ -217,38 +330,94 @@ class RouterService:
             for ep in (spec.endpoint, spec.replay_endpoint, spec.http_endpoint):
                 if ep is not None and not self._allow.allows(ep):
                     raise EndpointNotAllowed(f"endpoint {ep!r} is not in worker_allow")
+
+    def _probe(self, spec: WorkerSpec) -> None:
+        """ZMQ's verdict on the endpoints the subscription will connect to, asked on
+        throwaway sockets: ``InvalidEndpoint`` (or ``RegistrationUnavailable``) before
+        the index is touched. A SUB without a subscription and a DEALER, as the
+        subscription itself uses, so a publisher sees nothing it would not see anyway.
+        An endpoint to bind is left to the subscription (binding it twice in a row would
+        race the first socket's asynchronous close)."""
+        if spec.via_listener:
+            return
+        targets: list[tuple[int, str]] = [] if spec.bind else [(zmq.SUB, spec.endpoint)]
+        if spec.replay_endpoint is not None:
+            targets.append((zmq.DEALER, spec.replay_endpoint))
+        for kind, endpoint in targets:
+            try:
+                sock = self.subscriptions.context.socket(kind)
+            except zmq.ZMQError as exc:  # out of sockets or file descriptors
+                raise RegistrationUnavailable(
+                    f"cannot open sockets for worker {spec.worker_id!r}: {exc.strerror}"
+                ) from None
+            try:
+                connect_endpoint(sock, endpoint)
+            finally:
+                sock.close(linger=0)
+
+    def _register(self, spec: WorkerSpec) -> WorkerSubscription:
+        self._check(spec)
         return self.subscriptions.add(spec)
 
-    def _lifecycle(self, worker_id: str) -> asyncio.Lock:
-        """One lock per worker id: a removal (unsubscribe, then delete its index data)
+    @contextlib.asynccontextmanager
+    async def _lifecycle(self, worker_id: str) -> AsyncIterator[None]:
+        """Hold the worker id's lock: a removal (unsubscribe, then delete its index data)
         and a registration of the same id never interleave, so a re-registered worker's
-        first batches cannot be deleted by the removal before it."""
-        lock = self._locks.get(worker_id)
-        if lock is None:
-            lock = self._locks[worker_id] = asyncio.Lock()
-        return lock
+        first batches cannot be deleted by the removal before it. The entry lives while
+        someone holds or waits for it, so the table stays as small as the operations in
+        progress, whatever ids requests name."""
+        entry = self._locks.get(worker_id)
+        if entry is None:
+            entry = self._locks[worker_id] = _IdLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if not entry.users:
+                del self._locks[worker_id]
 
     async def add_worker(self, spec: WorkerSpec, *, persist: bool = True) -> WorkerStatus:
         """Register and subscribe; raises ``WorkerExists``, ``InvalidEndpoint``,
-        ``TooManyWorkers``, ``EndpointNotAllowed`` or ``RegistrationUnavailable``.
+        ``TooManyWorkers``, ``EndpointNotAllowed``, ``RegistrationUnavailable`` or
+        ``IndexUnavailable``. A refused registration leaves no state behind.
 
         ``persist``: keep the registration in the index, so a restarted router (or a
         replica sharing Redis) registers it again."""
-        async with self._lifecycle(spec.worker_id):
-            if spec.worker_id in self.subscriptions:
-                raise WorkerExists(spec.worker_id)
+        worker_id = spec.worker_id
+        async with self._lifecycle(worker_id):
+            # Every refusal that can be known in advance comes before the index is touched.
+            self._check(spec)
+            self._probe(spec)
+            fresh = await self.index.load_worker(worker_id) is None
             # Settings first: the subscription's first batch needs the hash unit.
-            await self.ingestor.configure(spec.worker_id, spec.engine_settings())
-            self._register(spec)
+            await self.ingestor.configure(worker_id, spec.engine_settings())
+            try:
+                self._register(spec)  # a bind that fails, sockets run out, max_workers
+            except Exception:
+                await self._undo_configure(worker_id, fresh)
+                raise
             if persist and not spec.via_listener:
-                await self.index.save_registration(spec.worker_id, spec.model_dump_json().encode())
+                await self.index.save_registration(worker_id, spec.model_dump_json().encode())
         log.info(
             "worker %s registered (%s)",
-            spec.worker_id,
+            worker_id,
             spec.endpoint,
-            extra=event_extra("worker_registered", worker=spec.worker_id, endpoint=spec.endpoint),
+            extra=event_extra("worker_registered", worker=worker_id, endpoint=spec.endpoint),
         )
-        return await self.worker_info(spec.worker_id)
+        return await self.worker_info(worker_id)
+
+    async def _undo_configure(self, worker_id: str, fresh: bool) -> None:
+        """A registration refused after its settings were saved: drop them again (and the
+        worker's index metadata where the index did not know it before)."""
+        self.ingestor.forget(worker_id)
+        if not fresh:
+            return
+        try:
+            await self.index.remove_worker(worker_id)
+        except IndexUnavailable as exc:
+            log.warning("refused worker %s: its metadata stays in the index (%s)", worker_id, exc)
 
     async def remove_worker(self, worker_id: str) -> None:
         """Unsubscribe and drop the worker's index entries and metadata."""
@@ -258,7 +427,6 @@ class RouterService:
             await self.subscriptions.remove(worker_id)
             await self.ingestor.remove_worker(worker_id)
             await self.index.delete_registration(worker_id)
-        self._locks.pop(worker_id, None)
         log.info(
             "worker %s removed", worker_id, extra=event_extra("worker_removed", worker=worker_id)
         )
@@ -336,6 +504,8 @@ class RouterService:
     ) -> ScoreResult:
         """Score the named workers (default: all), best first, as msgspec Structs whose
         JSON is the API's answer; raises ``UnknownWorker`` or ``IndexUnavailable``."""
+        if self._index_pending:
+            raise IndexUnavailable("the index has not answered since start-up")
         if workers is None:
             worker_ids = self.worker_ids()
         else:
@@ -360,6 +530,9 @@ class RouterService:
         return result
 
     async def ready(self) -> bool:
+        """The index answers and the workers are set up in it."""
+        if self._index_pending:
+            return False
         try:
             return bool(await self.index.ping())
         except Exception:
