@@ -13,10 +13,9 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import zmq
 from pydantic import Field
 
 from router.config import RouterSettings, WorkerSpec
@@ -24,14 +23,19 @@ from router.index import IndexBackend, IndexUnavailable, make_index
 from router.ingest.index_watch import IndexWatch
 from router.ingest.ingestor import Ingestor
 from router.ingest.listener import TopicListener
-from router.ingest.subscription import WorkerSubscription
 from router.ingest.subscriptions import RegistrationUnavailable, SubscriptionManager
 from router.logging_setup import event_extra
 from router.metrics import RouterMetrics
-from router.netutil import InvalidEndpoint, connect_endpoint
+from router.netutil import InvalidEndpoint
 from router.ratelimited_log import RateLimitedLog
+from router.registry import (
+    EndpointNotAllowed,
+    TooManyWorkers,
+    UnknownWorker,
+    WorkerExists,
+    WorkerRegistry,
+)
 from router.score.scorer import Scorer, ScoreResult, to_response
-from schemas.endpoints import parse_allow_list
 from schemas.rest import ScoreResponse, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -60,29 +64,6 @@ class WorkerStatus(WorkerInfo):
     ingest_lag_s: float = Field(default=0.0, description="age of the batch waiting for the index")
 
 
-class WorkerExists(Exception):
-    """A worker with this id is already registered (409)."""
-
-
-class TooManyWorkers(Exception):
-    """``max_workers`` are registered already (409)."""
-
-
-class EndpointNotAllowed(Exception):
-    """An endpoint names a host outside ``worker_allow`` (403)."""
-
-
-class UnknownWorker(KeyError):
-    """No worker with this id is registered (404)."""
-
-    def __init__(self, worker_id: str) -> None:
-        super().__init__(worker_id)
-        self.worker_id = worker_id
-
-    def __str__(self) -> str:
-        return f"unknown worker {self.worker_id!r}"
-
-
 # How long a cancelled task may take to end before it is cancelled again (``_end``).
 RECANCEL_AFTER_S = 0.5
 
@@ -100,16 +81,6 @@ async def _end(task: asyncio.Task[None]) -> None:
         task.exception()  # retrieved (a failure at stop is not worth a warning)
 
 
-class _IdLock:
-    """A worker id's lock and how many callers hold it or wait for it."""
-
-    __slots__ = ("lock", "users")
-
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        self.users = 0
-
-
 class RouterService:
     """The router's state and lifecycle; ``start()``/``stop()`` are idempotent."""
 
@@ -123,8 +94,8 @@ class RouterService:
             self.index, default_kind=s.default_kind, default_block_size=s.default_block_size
         )
         self.scorer = Scorer(self.index, tier_weights=s.tier_weights)
-        self._allow = parse_allow_list(s.worker_allow)
         self.subscriptions = SubscriptionManager(self.ingestor, s)
+        self.registry = WorkerRegistry(s, self.index, self.ingestor, self.subscriptions)
         self.metrics = RouterMetrics(
             self.index, self.ingestor, self.subscriptions, lambda: self.index_watch
         )
@@ -134,9 +105,6 @@ class RouterService:
         self._background: list[BackgroundFactory] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.listener: TopicListener | None = None
-        # Only ids with a registration or removal in progress (or waiting): a refused
-        # registration of a fresh id leaves no entry behind.
-        self._locks: dict[str, _IdLock] = {}
         # True from a start-up the index did not answer until the workers are set up in it
         # (``_set_up_index``): not ready, and scores answer "index unavailable".
         self._index_pending = False
@@ -148,7 +116,7 @@ class RouterService:
         self._running = False
         self._stopped = False
         for spec in s.workers:
-            self._register(spec)
+            self.registry.register(spec)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -174,7 +142,10 @@ class RouterService:
             )
         if self.settings.listen is not None:
             listener = TopicListener(
-                self.settings, self.subscriptions.context, self.subscriptions.get, self._adopt
+                self.settings,
+                self.subscriptions.context,
+                self.subscriptions.get,
+                self.registry.adopt,
             )
             self.listener = listener
             self._tasks.append(asyncio.create_task(listener.run(), name="kvroute-listener"))
@@ -191,12 +162,12 @@ class RouterService:
         every step is idempotent, so a later call picks up where this one stopped."""
         try:
             for spec in self.settings.workers:
-                async with self._lifecycle(spec.worker_id):
+                async with self.registry.lifecycle(spec.worker_id):
                     sub = self.subscriptions.get(spec.worker_id)
                     if sub is None or sub.spec is not spec:  # removed (or replaced) meanwhile
                         continue
                     await self.ingestor.configure(spec.worker_id, spec.engine_settings())
-            await self._restore_registrations()
+            await self.registry.restore_registrations()
         except IndexUnavailable:
             return False
         if self._stopped:
@@ -247,59 +218,6 @@ class RouterService:
             await self.index.close()
         log.info("router stopped")
 
-    async def _restore_registrations(self) -> None:
-        """Workers registered over REST before a restart (kept in the index); raises
-        ``IndexUnavailable`` (a later call restores the rest)."""
-        kept = await self.index.load_registrations()
-        for worker_id, blob in sorted(kept.items()):
-            if worker_id in self.subscriptions:
-                continue
-            try:
-                await self.add_worker(WorkerSpec.model_validate_json(blob), persist=False)
-            except (
-                WorkerExists,
-                ValueError,  # InvalidEndpoint, a blob that no longer validates
-                TooManyWorkers,
-                EndpointNotAllowed,
-                RegistrationUnavailable,
-            ) as exc:
-                log.warning("kept registration of %s not restored: %s", worker_id, exc)
-
-    async def restore_worker(self, worker_id: str) -> None:
-        """Save a worker's registration and settings again (the index lost them)."""
-        sub = self.subscriptions.get(worker_id)
-        if sub is None:
-            return
-        self.ingestor.forget(worker_id)
-        await self.ingestor.configure(worker_id, sub.spec.engine_settings())
-        if not sub.spec.via_listener and sub.spec not in self.settings.workers:
-            await self.index.save_registration(worker_id, sub.spec.model_dump_json().encode())
-
-    async def _adopt(self, spec: WorkerSpec) -> WorkerSubscription | None:
-        """A worker named by a new topic on the shared listener; None (the frame is
-        dropped) when it cannot be registered now. Nothing here may end the listener:
-        an index outage (the worker is adopted at a frame once the index answers) or
-        ``max_workers`` reached would stop every engine the listener feeds."""
-        try:
-            await self.add_worker(spec)
-        except (
-            WorkerExists,
-            ValueError,  # InvalidEndpoint
-            TooManyWorkers,
-            EndpointNotAllowed,
-            RegistrationUnavailable,
-            IndexUnavailable,
-        ) as exc:
-            self._limited.warning(
-                ("adopt", type(exc).__name__),
-                "listener: cannot add worker %s: %s",
-                spec.worker_id,
-                exc,
-                extra=event_extra("listener_adopt_failed", worker=spec.worker_id),
-            )
-            return None
-        return self.subscriptions.get(spec.worker_id)
-
     def add_background(self, factory: BackgroundFactory) -> None:
         """Run ``factory()`` as a task while the service runs (cancelled at stop)."""
         self._background.append(factory)
@@ -318,118 +236,19 @@ class RouterService:
         self._tasks.append(asyncio.create_task(guarded()))
 
     # ------------------------------------------------------------------ workers
-    def _check(self, spec: WorkerSpec) -> None:
-        """The refusals that need no socket and no index: ``WorkerExists``,
-        ``TooManyWorkers``, ``EndpointNotAllowed``."""
-        if spec.worker_id in self.subscriptions:
-            raise WorkerExists(spec.worker_id)
-        limit = self.settings.max_workers
-        if len(self.subscriptions.all()) >= limit:
-            raise TooManyWorkers(f"{limit} workers are registered (max_workers)")
-        if self._allow:
-            for ep in (spec.endpoint, spec.replay_endpoint, spec.http_endpoint):
-                if ep is not None and not self._allow.allows(ep):
-                    raise EndpointNotAllowed(f"endpoint {ep!r} is not in worker_allow")
-
-    def _probe(self, spec: WorkerSpec) -> None:
-        """ZMQ's verdict on the endpoints the subscription will connect to, asked on
-        throwaway sockets: ``InvalidEndpoint`` (or ``RegistrationUnavailable``) before
-        the index is touched. A SUB without a subscription and a DEALER, as the
-        subscription itself uses, so a publisher sees nothing it would not see anyway.
-        An endpoint to bind is left to the subscription (binding it twice in a row would
-        race the first socket's asynchronous close)."""
-        if spec.via_listener:
-            return
-        targets: list[tuple[int, str]] = [] if spec.bind else [(zmq.SUB, spec.endpoint)]
-        if spec.replay_endpoint is not None:
-            targets.append((zmq.DEALER, spec.replay_endpoint))
-        for kind, endpoint in targets:
-            try:
-                sock = self.subscriptions.context.socket(kind)
-            except zmq.ZMQError as exc:  # out of sockets or file descriptors
-                raise RegistrationUnavailable(
-                    f"cannot open sockets for worker {spec.worker_id!r}: {exc.strerror}"
-                ) from None
-            try:
-                connect_endpoint(sock, endpoint)
-            finally:
-                sock.close(linger=0)
-
-    def _register(self, spec: WorkerSpec) -> WorkerSubscription:
-        self._check(spec)
-        return self.subscriptions.add(spec)
-
-    @contextlib.asynccontextmanager
-    async def _lifecycle(self, worker_id: str) -> AsyncIterator[None]:
-        """Hold the worker id's lock: a removal (unsubscribe, then delete its index data)
-        and a registration of the same id never interleave, so a re-registered worker's
-        first batches cannot be deleted by the removal before it. The entry lives while
-        someone holds or waits for it, so the table stays as small as the operations in
-        progress, whatever ids requests name."""
-        entry = self._locks.get(worker_id)
-        if entry is None:
-            entry = self._locks[worker_id] = _IdLock()
-        entry.users += 1
-        try:
-            async with entry.lock:
-                yield
-        finally:
-            entry.users -= 1
-            if not entry.users:
-                del self._locks[worker_id]
-
     async def add_worker(self, spec: WorkerSpec, *, persist: bool = True) -> WorkerStatus:
-        """Register and subscribe; raises ``WorkerExists``, ``InvalidEndpoint``,
-        ``TooManyWorkers``, ``EndpointNotAllowed``, ``RegistrationUnavailable`` or
-        ``IndexUnavailable``. A refused registration leaves no state behind.
-
-        ``persist``: keep the registration in the index, so a restarted router (or a
-        replica sharing Redis) registers it again."""
-        worker_id = spec.worker_id
-        async with self._lifecycle(worker_id):
-            # Every refusal that can be known in advance comes before the index is touched.
-            self._check(spec)
-            self._probe(spec)
-            fresh = await self.index.load_worker(worker_id) is None
-            # Settings first: the subscription's first batch needs the hash unit.
-            await self.ingestor.configure(worker_id, spec.engine_settings())
-            try:
-                self._register(spec)  # a bind that fails, sockets run out, max_workers
-            except Exception:
-                await self._undo_configure(worker_id, fresh)
-                raise
-            if persist and not spec.via_listener:
-                await self.index.save_registration(worker_id, spec.model_dump_json().encode())
-        log.info(
-            "worker %s registered (%s)",
-            worker_id,
-            spec.endpoint,
-            extra=event_extra("worker_registered", worker=worker_id, endpoint=spec.endpoint),
-        )
-        return await self.worker_info(worker_id)
-
-    async def _undo_configure(self, worker_id: str, fresh: bool) -> None:
-        """A registration refused after its settings were saved: drop them again (and the
-        worker's index metadata where the index did not know it before)."""
-        self.ingestor.forget(worker_id)
-        if not fresh:
-            return
-        try:
-            await self.index.remove_worker(worker_id)
-        except IndexUnavailable as exc:
-            log.warning("refused worker %s: its metadata stays in the index (%s)", worker_id, exc)
+        """Register and subscribe (``WorkerRegistry.add``: its refusals, none leaving state
+        behind); ``persist`` keeps the registration in the index for a restart."""
+        await self.registry.add(spec, persist=persist)
+        return await self.worker_info(spec.worker_id)
 
     async def remove_worker(self, worker_id: str) -> None:
         """Unsubscribe and drop the worker's index entries and metadata."""
-        async with self._lifecycle(worker_id):
-            if worker_id not in self.subscriptions:
-                raise UnknownWorker(worker_id)
-            await self.subscriptions.remove(worker_id)
-            await self.ingestor.remove_worker(worker_id)
-            await self.index.delete_registration(worker_id)
-        log.info(
-            "worker %s removed", worker_id, extra=event_extra("worker_removed", worker=worker_id)
-        )
+        await self.registry.remove(worker_id)
+
+    async def restore_worker(self, worker_id: str) -> None:
+        """Save a worker's registration and settings again (the index lost them)."""
+        await self.registry.restore_worker(worker_id)
 
     def worker_ids(self) -> list[str]:
         return [sub.worker_id for sub in self.subscriptions.all()]

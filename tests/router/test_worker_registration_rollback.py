@@ -80,7 +80,7 @@ async def _snapshot(c: httpx.AsyncClient, svc: Any, db: redis.Redis | None) -> d
         "index_workers": stats["workers"],
         "registered": stats["registered_workers"],
         "gauge": await _index_workers_gauge(c),
-        "locks": len(svc._locks),
+        "locks": len(svc.registry.locks),
         "known": await svc.index.known_workers(),
         # Per-worker keys (the slot allocator's counters may move: a refusal found only
         # once the subscription binds gives its slot back, for the next worker to reuse).
@@ -118,7 +118,7 @@ async def test_a_refused_registration_leaves_no_state(
         r = await c.post("/v1/workers", json={"worker_id": "w0", "endpoint": "tcp://127.0.0.1:1"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "worker_exists", r.text
         assert (await c.delete("/v1/workers/w0")).status_code == 204
-        assert len(svc._locks) == 0
+        assert len(svc.registry.locks) == 0
 
 
 async def test_registrations_racing_for_the_last_slot_leave_no_state(redis_url: str) -> None:
@@ -134,7 +134,7 @@ async def test_registrations_racing_for_the_last_slot_leave_no_state(redis_url: 
         assert len(refused) == 1 and isinstance(refused[0], TooManyWorkers), got
         assert await svc.index.known_workers() == sorted(svc.worker_ids())
         assert (await svc.index.stats())["workers"] == 2
-        assert len(svc._locks) == 0
+        assert len(svc.registry.locks) == 0
     finally:
         await svc.stop()
 
@@ -162,7 +162,7 @@ async def test_a_listener_topic_beyond_max_workers_is_refused_and_the_listener_l
         await wait_until(lambda: a_indexed(1), what="the listener still feeds worker a")
         assert svc.worker_ids() == ["a"]
         assert (await svc.index.stats())["workers"] == 1
-        assert len(svc._locks) == 0
+        assert len(svc.registry.locks) == 0
     finally:
         for pub in pubs:
             pub.shutdown()
