@@ -371,7 +371,7 @@ class RedisIndex(RedisReads):
             await pipe.execute()
 
         await self._call(run)
-        self._mappings.check_epoch(worker_id, None)  # its epoch went with its meta
+        self._mappings.drop(worker_id)  # its epoch went with its meta
         # Its rows were left by the clear: the slot can go to a new worker.
         await self._eval("FREE", [x + "slot"], [x, worker_id])
 

@@ -65,6 +65,12 @@ class MappingCache:
         for key in [k for k in self._cache if k[0] == worker_id]:
             self._cached -= len(self._cache.pop(key))
 
+    def drop(self, worker_id: str) -> None:
+        """The worker is gone: its mappings and its epoch entry (workers that come and go
+        under fresh ids must not grow the table)."""
+        self.forget(worker_id)
+        self._epochs.pop(worker_id, None)
+
     def check_epoch(self, worker_id: str, epoch: bytes | None) -> bool:
         """Drop the worker's cached mappings unless they were learned in ``epoch`` (the
         server's); True when they were kept."""

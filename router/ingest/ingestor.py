@@ -117,7 +117,9 @@ class Ingestor:
         """AllBlocksCleared / resync: drop entries, keep the worker and its groups known."""
         state = await self._state(worker_id)
         await self.index.clear_worker(worker_id)
-        self._pending(worker_id).clear()
+        pending = self._partials.pop(worker_id, None)  # not _pending(): it would add one
+        if pending is not None:
+            pending.clear()
         self._recomputes.pop(worker_id, None)
         self.counters.worker_clears += 1
         if state.hash_mode != "unknown":
@@ -145,7 +147,9 @@ class Ingestor:
         """Entries, maps and metadata gone (``DELETE /v1/workers/{id}``)."""
         self._states.pop(worker_id, None)
         self._recent.pop(worker_id, None)
-        self._pending(worker_id).clear()
+        pending = self._partials.pop(worker_id, None)  # not _pending(): it would add one
+        if pending is not None:
+            pending.clear()
         self._recomputes.pop(worker_id, None)
         self._clears.forget(worker_id)
         await self.index.remove_worker(worker_id)
