@@ -133,6 +133,15 @@ conformance-env: $(VLLM_VENV)/.installed
 conformance-record: conformance-env
 	$(VLLM_VENV)/bin/python -m conformance.vllm_driver --out tests/fixtures/vllm-conformance
 
+# Re-record tests/fixtures/vllm-chat/recording.json: chat request bodies through vLLM's own
+# request -> prompt path (ChatCompletionRequest, OnlineRenderer.render_chat, transformers'
+# apply_chat_template), then replay it against kvroute's encode_chat.
+record-chat-parity: install conformance-env
+	$(VLLM_VENV)/bin/python tests/schemas/parity/record_vllm_chat.py
+	$(BIN)/python -m pytest -q tests/schemas/test_chat_parity_vllm.py
+
+.PHONY: record-chat-parity
+
 # vLLM's manager + publisher live against `kvroute serve` (memory, then Redis): a table of
 # probes exact/total and events rejected per scenario.
 conformance: install system-deps conformance-env

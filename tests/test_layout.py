@@ -81,6 +81,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
 TESTED_WITH_PARENT = {
     "offload_core/cpu/policies": "tests/offload_core/cpu/test_cpu_policies.py",
     "router/bench/workloads": "tests/router/bench/test_workloads.py",
+    "schemas/tokenization": "tests/schemas/test_chat_parity_vllm.py",
 }
 
 
