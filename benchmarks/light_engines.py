@@ -21,7 +21,9 @@ Each light engine has its own HTTP port and its own vLLM-wire KV event stream (a
   401 on every path unless ``Authorization: Bearer K`` (an engine started with
   ``--api-key``), ``{"break_stream": true}`` ends a streamed completion after its first
   event by closing the connection (an engine dying mid-stream);
-* ``GET /last_request`` (tests): the headers of the last completion request, as received.
+* ``POST /v1/embeddings``, ``/v1/rerank``, ``/rerank``: fixed answers in vLLM's shape;
+* ``GET /last_request`` (tests): the headers of the last completion, embeddings or rerank
+  request, as received.
 
 Every answer carries ``date`` and ``server`` headers, as uvicorn's do.
 
@@ -171,11 +173,11 @@ class LightEngine:
                     card: dict[str, object] = {"id": MODEL, "object": "model"}
                     card.update(owned_by="vllm", root=MODEL, max_model_len=4096)
                     out = _encode.encode({"object": "list", "data": [card]})
+                elif method == b"POST" and path in (b"/v1/embeddings", b"/v1/rerank", b"/rerank"):
+                    self.last_headers = self.headers_of(headers)
+                    out = self.pooled(path, _decode.decode(raw))
                 elif method == b"POST" and path in (b"/v1/completions", b"/v1/chat/completions"):
-                    self.last_headers = {
-                        k.decode().lower(): v.decode().strip()
-                        for k, _, v in (h.partition(b":") for h in headers if h)
-                    }
+                    self.last_headers = self.headers_of(headers)
                     body = _decode.decode(raw)
                     out = self.complete(body)
                     status = self.completions_status
@@ -199,6 +201,24 @@ class LightEngine:
             pass
         finally:
             writer.close()
+
+    @staticmethod
+    def headers_of(headers: list[bytes]) -> dict[str, str]:
+        return {
+            k.decode().lower(): v.decode().strip()
+            for k, _, v in (h.partition(b":") for h in headers if h)
+        }
+
+    @staticmethod
+    def pooled(path: bytes, body: dict) -> bytes:
+        """An embeddings or rerank answer in vLLM's shape (fixed numbers: no model)."""
+        usage = {"prompt_tokens": 1, "total_tokens": 1}
+        if path == b"/v1/embeddings":
+            data = [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}]
+            return _encode.encode({"object": "list", "data": data, "model": MODEL, "usage": usage})
+        docs = body.get("documents") or []
+        results = [{"index": i, "relevance_score": 1.0 / (i + 1)} for i in range(len(docs))]
+        return _encode.encode({"id": "rerank-light", "model": MODEL, "results": results})
 
     @staticmethod
     def head(status: int, ctype: bytes, length: int) -> bytes:

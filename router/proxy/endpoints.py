@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from router.http.deps import ApiError, require_read_key, require_write_key
 from router.proxy.core import Proxy, ProxyError
+from router.proxy.headers import forwarded
 
 router = APIRouter(tags=["openai"])
 
@@ -60,15 +61,14 @@ async def _pass_through(request: Request, path: str) -> Response:
         workers = p.candidates(model if isinstance(model, str) else None)
     except ProxyError as exc:
         raise ApiError(exc.status, exc.code, exc.message) from None
+    # The engines' own key, when set, is the client's default header: the client's goes.
+    keyed = bool(p.settings.api_key or p.settings.engine_api_key)
+    headers = [*forwarded(request.headers.raw, keyed), (b"content-type", b"application/json")]
     # Not a cache decision: the least busy live worker answers.
     inflight = p.core.inflight_by_worker()
     for worker in sorted(workers, key=lambda w: inflight.get(w, 0)):
         try:
-            r = await p.client.post(
-                p.endpoint(worker) + path,
-                content=raw,
-                headers={"content-type": "application/json"},
-            )
+            r = await p.client.post(p.endpoint(worker) + path, content=raw, headers=headers)
         except httpx.HTTPError:
             continue
         return Response(
@@ -96,6 +96,25 @@ async def tokenize(request: Request) -> Response:
 )
 async def detokenize(request: Request) -> Response:
     return await _pass_through(request, "/detokenize")
+
+
+async def _engine_work(request: Request) -> Response:
+    return await _pass_through(request, request.url.path)
+
+
+for _path, _what in (
+    ("/v1/embeddings", "OpenAI embeddings"),
+    ("/v1/rerank", "rerank (Jina/Cohere style, as vLLM serves it)"),
+    ("/rerank", "rerank (vLLM's unversioned path)"),
+):
+    router.add_api_route(
+        _path,
+        _engine_work,
+        methods=["POST"],
+        summary=f"{_what}: passed to the least busy live worker serving the body's model",
+        # Engine work, like completions: the key whenever one is set.
+        dependencies=[Depends(require_write_key)],
+    )
 
 
 @router.post(

@@ -22,6 +22,7 @@ import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.proxy.core import Proxy, ProxyError
+from router.proxy.headers import KEY_HEADERS, NOT_FORWARDED
 from router.proxy.upstream import DROP, UpstreamError, UpstreamResponse
 from router.proxy.usage import cached_tokens_of, cached_tokens_of_stream
 from router.proxy.warming import send_warming
@@ -73,29 +74,6 @@ class _Reply:
 
 class _ClientGone(Exception):
     """The client disconnected before its request body arrived: nothing to answer."""
-
-
-# Request headers not forwarded: hop-by-hop and framing ones (the upstream client sets
-# its own), the body's encoding we may not serve back, and the router's own. Everything
-# else reaches the engine (trace context, vLLM's X-data-parallel-rank, custom headers).
-_NOT_FORWARDED = frozenset(
-    {
-        b"host",
-        b"content-length",
-        b"content-type",
-        b"transfer-encoding",
-        b"connection",
-        b"keep-alive",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"expect",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"accept-encoding",
-        b"x-kvroute-policy",
-    }
-)
 
 
 class _Failed(Exception):
@@ -212,10 +190,8 @@ class ProxyMiddleware:
                     policy = check_policy(value.decode("latin-1"))
                 except ValueError as exc:
                     raise ProxyError(400, "unknown_policy", str(exc)) from None
-            elif name not in _NOT_FORWARDED and not (
-                keyed and name in (b"authorization", b"x-api-key")
-            ):
-                forward_headers.append((name, value))
+            elif name not in NOT_FORWARDED and not (keyed and name in KEY_HEADERS):
+                forward_headers.append((name, value))  # router.proxy.headers' rule
         stream = body.get("stream") is True
         p = self.proxy
         workers = p.candidates(model)

@@ -136,3 +136,39 @@ def test_multimodal_chat_and_prompt_embeds_are_forwarded_and_routed_on_load(
     finally:
         stop(router.proc)
         stop(light.proc)
+
+
+def test_embeddings_and_rerank_pass_through_with_the_clients_headers(tmp_path: Path) -> None:
+    """vLLM serves them beside completions; through the router they reach a live engine
+    serving the model (not a cache decision) with the client's headers, and need the
+    router's key like completions."""
+    light = start_light(tmp_path, 2)
+    router = start_router(tmp_path, [light.spec(0, "e0"), light.spec(1, "e1")], "--api-key", "k")
+    try:
+
+        def live() -> bool:
+            try:
+                r = httpx.get(f"{router.url}/v1/proxy/workers", timeout=10)
+            except httpx.HTTPError:
+                return False
+            return all(w["live"] for w in r.json()["workers"]) and len(r.json()["workers"]) == 2
+
+        poll(live, "both light engines live")
+        client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="k", max_retries=0, timeout=30)
+        raw = client.embeddings.with_raw_response.create(
+            model=MODEL, input="kabe", encoding_format="float", extra_headers={"X-Trace": "t1"}
+        )
+        served = raw.headers["x-kvroute-worker"]
+        assert raw.parse().data[0].embedding == [0.25, -0.5]
+        i = ["e0", "e1"].index(served)
+        seen = httpx.get(f"{light.url(i)}/last_request", timeout=10).json()
+        assert seen["x-trace"] == "t1" and "authorization" not in seen  # the router's key stays
+        for path in ("/v1/rerank", "/rerank"):
+            body = {"model": MODEL, "query": "q", "documents": ["a", "b"]}
+            r = httpx.post(f"{router.url}{path}", json=body, headers={"authorization": "Bearer k"})
+            assert r.status_code == 200 and len(r.json()["results"]) == 2, r.text
+            r = httpx.post(f"{router.url}{path}", json=body)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    finally:
+        stop(router.proc)
+        stop(light.proc)
