@@ -12,10 +12,12 @@ first, when it changed, so blocks never exist in the backend without it.
 Copies: vLLM does not de-duplicate cached blocks, so a store of a block already held is
 another copy and a removal takes one copy (the backends count them).
 
-Bad input is counted, never raised: an event with an unknown medium, a token count that
-does not match its blocks, or a store whose parent was never seen (``unknown_parent``;
-its key cannot be computed, so it is not guessed). Only ``IndexUnavailable`` escapes, so
-the transport can retry the batch.
+Bad input is counted, never raised: an event with an unknown medium, a group index or
+block size out of bounds, a token count that does not match its blocks
+(``router.ingest.rejects``: such a store is rejected before anything is learned from
+its batch, so it changes nothing), or a store whose parent was never seen
+(``unknown_parent``; its key cannot be computed, so it is not guessed). Only
+``IndexUnavailable`` escapes, so the transport can retry the batch.
 """
 
 from __future__ import annotations
@@ -51,9 +53,8 @@ from router.ingest.packed import unpack
 from router.ingest.partials import PendingPartials, register
 from router.ingest.reannounce import Unwritten, find_reannouncements
 from router.ingest.recomputes import RecomputeLog
+from router.ingest.rejects import BAD_MEDIUM, BadEvents, Rejected, screen, wild_groups
 from router.ingest.resolve import resolve_parents
-from router.logging_setup import event_extra
-from router.ratelimited_log import RateLimitedLog
 from schemas import (
     AllBlocksCleared,
     BlockRemoved,
@@ -90,9 +91,9 @@ class Ingestor:
         # Per worker, the token ranges of recent stores with their unit keys: where a
         # parent no event named is found by its tokens (``KeyPlanner._locate``).
         self._recent: dict[str, deque[tuple[Any, Sequence[BlockKey]]]] = {}
-        # Bad input repeats for as long as its cause lasts: the first few per reason,
-        # then one line a minute with the count suppressed meanwhile.
-        self._limited = RateLimitedLog(log)
+        # Bad input repeats for as long as its cause lasts: the first few per kind of
+        # fault, then one line a minute with the count suppressed meanwhile.
+        self._faults = BadEvents(self.counters, log)
         self._partials: dict[str, PendingPartials] = {}  # partial entries not keyed yet
         self._waiting = register(index, self._partials)  # scorers look them up
         self._recomputes: dict[str, RecomputeLog] = {}  # report_full workers only
@@ -186,32 +187,14 @@ class Ingestor:
         return got
 
     def _bad(self, why: str) -> None:
-        self.counters.bad_events += 1
-        self._limited.warning(
-            ("bad_event", why),
-            "skipping bad KV event: %s (%d bad events so far)",
-            why,
-            self.counters.bad_events,
-            extra=event_extra("bad_event"),
-        )
+        self._faults.bad(why)  # a free-text reason (router.ingest.rejects.BadEvents.bad)
 
     def _group(self, group_idx: object) -> int | None:
-        """The event's group (absent = 0), or None for a value no engine sends."""
-        if group_idx is None:
-            return 0
-        if isinstance(group_idx, bool) or not isinstance(group_idx, int) or group_idx < 0:
-            self.counters.bad_groups += 1
-            self._bad(f"invalid group_idx {group_idx!r}")
-            return None
-        return group_idx
+        """The event's group (absent = 0), or None (counted) for a value no engine sends."""
+        return self._faults.group(group_idx)
 
     def _learn(self, state: WorkerState, g: int, ev: BlockStored) -> GroupMeta | None:
         return learn_group(state, g, ev, self.default_kind, self.default_block_size, self.counters)
-
-    def _learn_unit(
-        self, state: WorkerState, batch: KVEventBatch, ops: list[Op], known: dict
-    ) -> None:
-        learn_unit(state, batch, ops, known, self.default_block_size, self.counters)
 
     async def apply_batch(
         self, worker_id: str, batch: KVEventBatch, marks: Sequence[SeqMark] = ()
@@ -279,13 +262,19 @@ class Ingestor:
         before = (dict(state.groups), state.hash_mode, state.hash_unit)
         ops: list[Op] = []
         pend = self._pending(worker_id)
-        self._learn_unit(state, batch, ops, known)
-        if ops:  # a new hash unit voided every key
-            pend.clear()
-            self._recomputes.pop(worker_id, None)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
-        if not await plan_simple(self, worker_id, state, batch, known, marks, pend, recent, ops):
+        # The fast path takes only stores at the current unit (the unit stays), and checks
+        # a group's sign, not its bound; rejected stores are learned from by nothing.
+        if wild_groups(batch) or not await plan_simple(
+            self, worker_id, state, batch, known, marks, pend, recent, ops
+        ):
             batch = unpack(batch)  # the general path reads token ids as ints
+            unit = state.settings.hash_block_size
+            batch = screen(batch, self.default_block_size, unit)
+            learn_unit(state, batch, ops, known, self.default_block_size, self.counters)
+            if ops:  # a new hash unit voided every key
+                pend.clear()
+                self._recomputes.pop(worker_id, None)
             await resolve_parents(
                 self.index, worker_id, state, batch, known, self.default_block_size
             )
@@ -346,7 +335,7 @@ class Ingestor:
                 if g is None:
                     continue
                 if bit is None:
-                    self._bad(f"unknown medium {ev.medium!r}")
+                    self._faults.bad(BAD_MEDIUM, ev.medium)
                 elif g not in state.groups:
                     c.blocks_removed_missing += len(ev.block_hashes)
                 elif gone := pend.take_removed(g, bit, ev.block_hashes):
@@ -357,6 +346,9 @@ class Ingestor:
                 clears.append(mark)
                 pend.clear()
                 state.hash_mode = "unknown"
+            elif isinstance(ev, Rejected):  # a store screen() rejected
+                c.events_stored += 1
+                self._faults.reject(ev)
             else:
                 c.events_unknown += 1
 
@@ -373,22 +365,20 @@ class Ingestor:
         ops: list[Op],
         pend: PendingPartials,
     ) -> None:
+        """An accepted store (``screen`` passed it): learn from it, emit its op."""
         c = self.counters
         g = self._group(ev.group_idx)
-        if g is None:
-            return
         bit = MEDIUM_BITS.get(normalise_medium(ev.medium) or "")
-        if bit is None:
-            self._bad(f"unknown medium {ev.medium!r}")
+        if g is None or bit is None:  # screened: never
+            return
+        if keyed is not None and keyed.error:  # before learning: a bad store changes nothing
+            self._bad(keyed.error)
             return
         meta = self._learn(state, g, ev)
         if meta is None:
             self._bad(f"invalid block_size {ev.block_size!r}")
             return
         if keyed is None:  # no blocks: an empty (fully masked) store
-            return
-        if keyed.error:
-            self._bad(keyed.error)
             return
         if keyed.reannounce:
             c.reannounced_blocks += len(ev.block_hashes)

@@ -3,7 +3,9 @@ worker's hash unit.
 
 Its own module because these rules (the largest size a store showed wins, a shrinking
 unit voids chained keys) are policy about the engine's model, separate from turning
-events into keyed operations (``router.ingest.ingestor``).
+events into keyed operations (``router.ingest.ingestor``). Both learn from accepted
+stores only: the ingestor screens a batch first (``router.ingest.rejects``), since a
+size learned from a store it then rejects would stay for good.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ def learn_group(
     default_block_size: int | None,
     counters: IngestCounters,
 ) -> GroupMeta | None:
-    """The group's metadata after this store. Its block size is the largest a store
-    showed: a smaller one is a partial entry (vLLM stores the prompt's tail inside a
-    larger block at the hash unit), never a new model (that comes with a clear)."""
+    """The group's metadata after this (accepted) store. Its block size is the largest
+    a store showed: a smaller one is a partial entry (vLLM stores the prompt's tail
+    inside a larger block at the hash unit), never a new model (that comes with a
+    clear)."""
     bs = block_size(ev.block_size)
     if bs is None:
         if default_block_size is None:
@@ -74,7 +77,8 @@ def learn_unit(
     default_block_size: int | None,
     counters: IngestCounters,
 ) -> None:
-    """The hash unit: registered, else the gcd of every block size seen. A unit that
+    """The hash unit: registered, else the gcd of every block size seen (``batch`` is
+    screened: a rejected store is a ``Rejected``, not a ``BlockStored``). A unit that
     shrinks voids the keys chained so far (counted; register ``hash_block_size``).
     Clears keep it: relearning it after each would void keys again and again."""
     if state.settings.hash_block_size is not None:

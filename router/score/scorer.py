@@ -285,14 +285,7 @@ class Scorer:
         if len(order) != order[-1] + 1:
             # A group index below a learned one never announced itself: its blocks and
             # kind are unknown, so any hit would be a guess.
-            return WorkerRow(
-                worker_id,
-                0,
-                0,
-                0.0,
-                False,
-                [_group_row(g, groups.get(g)) for g in range(order[-1] + 1)],
-            )
+            return WorkerRow(worker_id, 0, 0, 0.0, False, _gapped_rows(groups, order))
         metas = tuple(groups[g] for g in order)
         masks = snap.masks
         any_lists = tuple(masks.get(g, b"") for g in order)
@@ -364,7 +357,17 @@ def _sorted(n: int, rows: list[WorkerRow]) -> ScoreResult:
     return ScoreResult(n, sort_rows(rows))
 
 
-def _group_row(g: int, meta: GroupMeta | None) -> GroupRow:
-    if meta is None:
-        return GroupRow(g, learned=False)
-    return GroupRow(g, meta.kind, meta.block_size)
+def _gapped_rows(groups: dict[int, GroupMeta], order: list[int]) -> list[GroupRow]:
+    """The rows of a worker whose group indices have gaps: each learned group, and one
+    ``learned: false`` row where each gap starts (its first index never announced itself).
+    As many rows as groups, whatever the indices: a row per index up to the largest made
+    one event naming group ``2**64 - 1`` cost every score gigabytes and seconds."""
+    rows: list[GroupRow] = []
+    expected = 0
+    for g in order:
+        if g > expected:
+            rows.append(GroupRow(expected, learned=False))
+        meta = groups[g]
+        rows.append(GroupRow(g, meta.kind, meta.block_size))
+        expected = g + 1
+    return rows
