@@ -4,8 +4,9 @@ Why apart from the live loop (``router.ingest.subscription``): every way the rou
 gets back in step with an engine lives here -- the catch-up replay after a (re)connect
 that also tells a restarted publisher from one that carried on, gap and corrupted-frame
 replays, the idle-time check for a lost tail, resyncs (clear and rebuild from the
-publisher's buffer, with ``partial_history`` when the buffer does not reach seq 0), the
-repair of failed index writes, and resuming from the seqs a shared index recorded.
+publisher's buffer, with ``partial_history`` when the rebuild does not reach seq 0), the
+repair of failed index writes, resuming from the seqs a shared index recorded, and the
+refetch of frames that arrived undecodable (one replay per run of them, not per frame).
 ``WorkerSubscription`` mixes it in; the state it reads is the subscription's own.
 """
 
@@ -16,7 +17,13 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from router.ingest.replay_client import ReplayFailed, ReplayFrame, ReplayTooLarge, request_replay
+from router.ingest.replay_client import (
+    MAX_SEQ,
+    ReplayFailed,
+    ReplayFrame,
+    ReplayTooLarge,
+    request_replay,
+)
 from schemas import DecodeStats, KVEventBatch
 
 if TYPE_CHECKING:
@@ -53,6 +60,13 @@ class RecoveryMixin:
     _resync_why: str | None
     _last_frame_at: float
     _tail_checked_at: float
+    # Seqs (lowest, highest) of live frames that arrived undecodable, not refetched yet.
+    _refetch: tuple[int, int] | None = None
+    # When the replay now running began: live frames wait meanwhile (``lag_seconds``).
+    _recovering_since: float | None = None
+    # libzmq ended the connection for good (a message over ``sub_max_message_bytes``)
+    # and it was opened again: the catch-up that follows fills a gap, counted as one.
+    _reopened: bool = False
 
     def _event(self, event: str, **fields: object) -> dict[str, object]:
         raise NotImplementedError
@@ -97,10 +111,25 @@ class RecoveryMixin:
             return
         self._tail_checked_at = now
         self.counters.tail_checks += 1
+        if top >= MAX_SEQ:
+            return  # the last 8-byte seq: nothing can follow it
         frames = await self._fetch_replay(top + 1, quiet=True)
-        if frames:
+        if frames and frames[0].seq != top + 1:
+            # Not what follows our last seq (no live seq bounds this answer): a bad reply,
+            # or a buffer that moved past it, which the next live frame's gap replay
+            # rebuilds from. Nothing of it is applied.
+            self._limited.warning(
+                "tail_mismatch",
+                "worker %s: the replay after seq %d starts at seq %d; not applied",
+                self.worker_id,
+                top,
+                frames[0].seq,
+                extra=self._event("tail_mismatch", seq=top, first=frames[0].seq),
+            )
+        elif frames:
             self.counters.gaps += 1
-            log.warning(
+            self._limited.warning(
+                "lost_tail",
                 "worker %s: %d frame(s) after seq %d were lost at the tail of the stream; replayed",
                 self.worker_id,
                 len(frames),
@@ -120,6 +149,7 @@ class RecoveryMixin:
         """
         seq = self._seq
         top, fingerprint = seq.top_seq, seq.top_print
+        reopened, self._reopened = self._reopened, False
         if top is None or not seq.shared:  # nothing to compare with: plain catch-up
             await self._recover(start=0 if top is None else top, quiet=True)
             return
@@ -128,6 +158,17 @@ class RecoveryMixin:
             return
         same = bool(got) and got[0].seq == top and zlib.crc32(got[0].payload) == fingerprint
         if same:
+            if reopened and len(got) > 1:  # the refused message is among them
+                self.counters.gaps += 1
+                self._limited.warning(
+                    "reopen_gap",
+                    "worker %s: %d frame(s) after seq %d missed while the connection was "
+                    "reopened; replayed",
+                    self.worker_id,
+                    len(got) - 1,
+                    top,
+                    extra=self._event("gap", first_missing=top + 1, frames=len(got) - 1),
+                )
             await self._apply_replayed(got)
             await self._flush()
             return
@@ -147,9 +188,24 @@ class RecoveryMixin:
         self._seq.forget_live()
         await self._recover(start=0, clear_first=True, why=why)
 
+    def _note_undecodable(self, seq: int) -> None:
+        """A live frame at ``seq`` did not decode; the publisher's buffer may hold a good
+        copy. Noted, not fetched at once: each replay may wait ``replay_timeout_s``, so a
+        run of bad frames is fetched with one replay (``_refetch_undecodable``) before the
+        next good frame is applied, or when the stream goes quiet."""
+        if self.spec.replay_endpoint is None:
+            return
+        run = self._refetch
+        self._refetch = (seq, seq) if run is None else (min(run[0], seq), max(run[1], seq))
+
+    async def _refetch_undecodable(self) -> None:
+        if self._refetch is not None:
+            (start, upto), self._refetch = self._refetch, None
+            await self._recover(start=start, quiet=True, upto=upto)
+
     async def _resync_from(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
         if seq > 0 and self.spec.replay_endpoint is not None:
-            await self._recover(start=0, clear_first=True)
+            await self._recover(start=0, clear_first=True, upto=seq)
         else:
             await self._clear("publisher restarted")
         await self._apply_if_new(seq, batch, payload)
@@ -162,43 +218,62 @@ class RecoveryMixin:
         clear_first: bool = False,
         quiet: bool = False,
         why: str = "publisher restarted",
+        upto: int | None = None,
     ) -> None:
         """Replay from ``start`` and apply what it returns exactly once.
 
         ``clear_on_miss``: the replay must begin at ``start`` or the stream has a hole we
         cannot fill, so the worker is cleared and rebuilt from the buffer instead.
+        ``upto``: the live seq that asked for the replay; nothing past it is taken from
+        the answer (it follows live), so a replayed seq can never run ahead of the stream.
         """
         self.syncing = not quiet  # a catch-up after connecting is not a resync
+        self._recovering_since = time.monotonic()
         # Nothing applied yet (a router that just started on an empty index, or one that
         # joined mid-stream): a replay from 0 is the whole history we will ever have.
         fresh = start == 0 and self._seq.top_seq is None
         try:
             if clear_first:
                 await self._clear(why)
-            frames = await self._fetch_replay(start, quiet=quiet) or []
-            if clear_on_miss and (not frames or frames[0].seq > start):
-                first = frames[0].seq if frames else None
+            got = await self._fetch_replay(start, quiet=quiet, upto=upto)
+            frames = got or []
+            first = frames[0].seq if frames else None
+            if clear_on_miss and (first is None or first > start):
                 await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
                 clear_first = True
-            if fresh and frames and frames[0].seq > 0 and not self.partial_history:
-                log.warning(
-                    "worker %s: its publisher's buffer starts at seq %d, history before it "
-                    "is unknown; estimates are lower bounds until the engine clears its cache",
-                    self.worker_id,
-                    frames[0].seq,
-                    extra=self._event("partial_history", seq=frames[0].seq),
-                )
-                self.partial_history = True
-            elif clear_first:
-                # Rebuilt from the buffer: complete only if it reaches back to seq 0.
-                self.partial_history = bool(frames) and frames[0].seq > 0
+            if clear_first or fresh:
+                # The index holds this replay's history only: complete if it reached seq
+                # 0 (or, asked from 0 with nothing live to compare, the publisher has
+                # published nothing), else -- a failed replay too -- partial, where there
+                # is history to miss: a rebuild, a live frame past 0, a buffer past 0.
+                if first == 0 or (got == [] and start == 0 and upto is None):
+                    self.partial_history = False
+                elif clear_first or upto is not None or first is not None:
+                    self._history_is_partial(first if first is not None else upto)
             await self._apply_replayed(frames)
             await self._flush()
         finally:
             self.syncing = False
+            self._recovering_since = None
 
-    async def _fetch_replay(self, start: int, *, quiet: bool) -> list[ReplayFrame] | None:
-        """The publisher's buffered frames from ``start`` on our topic; None on failure."""
+    def _history_is_partial(self, first: int | None) -> None:
+        """Nothing before seq ``first`` (None: before the next batch) is in the index."""
+        if not self.partial_history:
+            self._limited.warning(
+                "partial_history",
+                "worker %s: history before %s is unknown; estimates are lower bounds until "
+                "the engine clears its cache",
+                self.worker_id,
+                "the next batch" if first is None else f"seq {first}",
+                extra=self._event("partial_history", seq=first),
+            )
+        self.partial_history = True
+
+    async def _fetch_replay(
+        self, start: int, *, quiet: bool, upto: int | None = None
+    ) -> list[ReplayFrame] | None:
+        """The publisher's buffered frames from ``start`` (to ``upto``) on our topic; None
+        on failure. Replies off the protocol (``replay_client``) are counted and skipped."""
         assert self.spec.replay_endpoint is not None
         self.counters.replays += 1
         try:
@@ -209,6 +284,7 @@ class RecoveryMixin:
                 timeout_s=self._settings.replay_timeout_s,
                 max_frames=self._settings.replay_max_frames,
                 max_bytes=self._settings.replay_max_bytes,
+                upto=upto,
             )
         except ReplayFailed as exc:
             self.counters.replay_failures += 1
@@ -224,7 +300,17 @@ class RecoveryMixin:
                 extra=self._event("replay_failed", start=start),
             )
             return None
-        self.counters.decode_errors += malformed
+        if malformed:
+            self.counters.decode_errors += malformed
+            self._limited.warning(
+                "replay_malformed",
+                "worker %s: %d replay replies skipped (not the replay shape, or a seq below "
+                "%d, out of order, or not following the previous one)",
+                self.worker_id,
+                malformed,
+                start,
+                extra=self._event("replay_malformed", start=start, replies=malformed),
+            )
         prefix = self.spec.topic.encode()
         return [f for f in frames if f.topic.startswith(prefix)]
 
@@ -240,7 +326,8 @@ class RecoveryMixin:
             await self._apply_if_new(frame.seq, batch, frame.payload)
 
     async def _clear(self, why: str) -> None:
-        log.warning(
+        self._limited.warning(
+            "resync",
             "worker %s: clearing its index entries and rebuilding (%s)",
             self.worker_id,
             why,
@@ -248,6 +335,7 @@ class RecoveryMixin:
         )
         self.counters.resyncs += 1
         self._seq.forget_applied()
+        self._refetch = None  # what follows is replayed from 0, or nothing is
         await self._writer.clear()
 
     async def _flush(self) -> None:
@@ -270,8 +358,14 @@ class RecoveryMixin:
     async def _repair(self) -> None:
         self._repair_at = None
         await self._clear("an index write failed")
+        got = None
         if self.spec.replay_endpoint is not None:
-            await self._apply_replayed(await self._fetch_replay(0, quiet=False) or [])
+            got = await self._fetch_replay(0, quiet=False)
+            await self._apply_replayed(got or [])
+        if got == [] or (got and got[0].seq == 0):
+            self.partial_history = False
+        else:  # no replay, a failed one, or a buffer past seq 0
+            self._history_is_partial(got[0].seq if got else None)
         await self._writer.flush()
         if self._writer.failed or self._writer.clear_failed:
             self._writer.failed = self._writer.clear_failed = False

@@ -4,6 +4,15 @@ Protocol (docs/design.md#wire-format): send ``[b"", start_seq (8B BE)]`` on a DE
 publisher answers ``[b"", topic, seq, payload]`` per buffered batch with
 ``seq >= start_seq`` and then the end marker ``[b"", b"", -1 (8B signed BE), b""]``.
 
+What an answer may hold is checked here, because whatever seq a replayed frame carries
+becomes the worker's last applied seq: one frame far ahead (a liar, a bug, a corrupted
+seq) would make every later live batch look like a duplicate. A publisher's buffer is a
+run of contiguous seqs (``publisher.zmq_publisher`` and vLLM's alike), so a reply is kept
+only if its seq is ``>= start_seq`` and, after the first kept one, exactly the next seq;
+anything else is off the protocol, skipped and counted with the malformed replies. A
+caller that knows how far the stream has gone passes ``upto``: the answer is read up to
+that seq and no further (later frames reach the caller live).
+
 Why a fresh DEALER per request: a timed-out request may still be answered later, and a
 socket of its own guarantees those late frames can never be mistaken for the answer to
 the next request. Replays are rare (a gap, a restart), so one connect each costs nothing.
@@ -27,9 +36,13 @@ from schemas import REPLAY_END_SEQ
 
 log = logging.getLogger(__name__)
 
+_END = [b"", b"", REPLAY_END_SEQ, b""]
+
 
 DEFAULT_MAX_FRAMES = 100_000
 DEFAULT_MAX_BYTES = 256 << 20
+# Seqs are 8-byte unsigned: the last one has nothing after it.
+MAX_SEQ = (1 << 64) - 1
 
 
 class ReplayFailed(Exception):
@@ -66,22 +79,28 @@ async def request_replay(
     timeout_s: float,
     max_frames: int = DEFAULT_MAX_FRAMES,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    upto: int | None = None,
 ) -> tuple[list[ReplayFrame], int]:
     """Return ``(frames, malformed)``: the buffered frames in order, and how many replies
-    did not have the replay shape (skipped, counted by the caller).
+    were off the protocol (skipped, counted by the caller): not the replay shape, or a seq
+    below ``start_seq`` or not following the previous kept one (module docstring).
+    ``upto``: keep no frame past this seq; the first one past it ends the answer.
 
     ``timeout_s`` bounds the wait for each reply (not the whole replay, which may be
     long), so a dead or silent publisher fails the request instead of wedging the caller.
-    ``max_frames`` and ``max_bytes`` (payload bytes kept) bound what a replay endpoint can
-    make the router hold: beyond either, ``ReplayTooLarge``. A single message larger than
-    ``max_bytes`` is refused by ZMQ itself (``MAXMSGSIZE``: the peer is disconnected and
-    the request times out). Every failure, socket creation included (the context may be
-    out of sockets), is a ``ReplayFailed``: the caller's task must survive it.
+    ``max_frames`` and ``max_bytes`` (replies and their bytes, skipped ones included)
+    bound what a replay endpoint can make the router read: beyond either,
+    ``ReplayTooLarge``. A single message larger than ``max_bytes`` is refused by ZMQ
+    itself (``MAXMSGSIZE``: the peer is disconnected and the request times out). Every
+    failure, socket creation included (the context may be out of sockets), is a
+    ``ReplayFailed``: the caller's task must survive it.
     """
     frames: list[ReplayFrame] = []
     malformed = 0
-    kept = 0
+    replies = read = 0
     sock: zmq.asyncio.Socket | None = None
+    if not 0 <= start_seq <= MAX_SEQ:
+        raise ReplayFailed(f"replay from {endpoint}: start seq {start_seq} is out of range")
     try:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -98,20 +117,30 @@ async def request_replay(
                 raise ReplayFailed(
                     f"replay from {endpoint}: no reply within {timeout_s:g}s", frames, malformed
                 ) from None
-            if len(reply) == 4 and reply[0] == b"" and reply[2] == REPLAY_END_SEQ:
+            if reply == _END:  # exactly: a batch may carry the seq 2**64-1 itself
                 return frames, malformed
-            if len(reply) != 4 or reply[0] != b"" or len(reply[2]) != 8:
-                malformed += 1
-                continue
-            kept += len(reply[1]) + len(reply[3])
-            if len(frames) >= max_frames or kept > max_bytes:
+            seq = -1  # not the replay shape
+            if len(reply) == 4 and reply[0] == b"" and len(reply[2]) == 8:
+                seq = int.from_bytes(reply[2], "big")
+                if seq < start_seq or (frames and seq != frames[-1].seq + 1):
+                    seq = -1  # behind what was asked, out of order, or a jump
+                elif upto is not None and seq > upto:
+                    return frames, malformed
+            # Every reply counts against the bounds, skipped ones too: a peer sending
+            # nothing but bad replies cannot hold the caller either.
+            replies += 1
+            read += sum(len(part) for part in reply)
+            if replies > max_frames or read > max_bytes:
                 raise ReplayTooLarge(
                     f"replay from {endpoint}: answer exceeds {max_frames} frames or "
                     f"{max_bytes} bytes; dropped",
                     frames,
                     malformed,
                 )
-            frames.append(ReplayFrame(int.from_bytes(reply[2], "big"), reply[1], reply[3]))
+            if seq < 0:
+                malformed += 1
+                continue
+            frames.append(ReplayFrame(seq, reply[1], reply[3]))
     except zmq.ZMQError as exc:
         raise ReplayFailed(f"replay from {endpoint}: {exc}", frames, malformed) from None
     finally:

@@ -150,8 +150,11 @@ class WorkerSubscription(RecoveryMixin):
         )
 
     def lag_seconds(self) -> float:
-        """How long the batch being applied has waited for the index (0 when none)."""
-        return self._writer.retry.lag_seconds()
+        """How long the batch being applied has waited for the index, or the live frames
+        for the replay that is running (0 when neither)."""
+        lag = self._writer.retry.lag_seconds()
+        since = self._recovering_since
+        return lag if since is None else max(lag, time.monotonic() - since)
 
     def start(self) -> None:
         name = self.worker_id
@@ -210,6 +213,7 @@ class WorkerSubscription(RecoveryMixin):
         ``sub_max_message_bytes``, a malformed frame) and will not retry: connect again."""
         if reopen(self._sub, self.spec.endpoint):
             self.counters.reopened += 1
+            self._reopened = True
             self._limited.warning(
                 "reopened",
                 "worker %s: ZMQ ended the connection for good (a message over "
@@ -267,6 +271,7 @@ class WorkerSubscription(RecoveryMixin):
             try:
                 if not await self._sub.poll(min(wait_ms, _IDLE_POLL_MS)):
                     self._check_silent()
+                    await self._refetch_undecodable()
                     await self._check_tail()
                     continue
             except zmq.ZMQError as exc:  # socket closed under us: stop quietly
@@ -290,22 +295,27 @@ class WorkerSubscription(RecoveryMixin):
         seq = int.from_bytes(frames[1], "big")
         batch, stats = self._decode(frames[2], seq)
         if batch is None:
-            if self.spec.replay_endpoint is not None:
-                # Corrupted in transit? The publisher's buffer holds its own copy: fetch
-                # from this seq (a copy that is bad there too stays skipped, counted).
-                await self._recover(start=seq, quiet=True)
+            # Corrupted in transit? The publisher's buffer holds its own copy, fetched
+            # once per run of bad frames (a copy bad there too stays skipped, counted).
+            self._note_undecodable(seq)
             return
         rank = batch.data_parallel_rank or 0
         decision = self._seq.observe_live(rank, seq)
         verdict = decision.verdict
+        if self._refetch is not None:  # fetch it before what follows it is applied
+            if verdict is Verdict.APPLY or verdict is Verdict.DUPLICATE:
+                await self._refetch_undecodable()
+            else:
+                self._refetch = None  # the recovery below replays from before it
         if verdict is not Verdict.DUPLICATE:  # a replay applied it: counted then
             self._count_decoded(stats)
         if verdict is Verdict.APPLY:
-            await self._apply(seq, batch, frames[2])
+            await self._apply_if_new(seq, batch, frames[2])
         elif verdict is Verdict.DUPLICATE:
             self.counters.duplicates += 1  # already applied from a replay
         elif verdict is Verdict.RESTART:
-            log.warning(
+            self._limited.warning(
+                "restart",
                 "worker %s rank %d: seq went back to %d (publisher restarted); resyncing",
                 self.worker_id,
                 rank,
@@ -316,11 +326,12 @@ class WorkerSubscription(RecoveryMixin):
         elif verdict is Verdict.JOIN:
             if self.spec.replay_endpoint is not None:
                 # Joined mid-stream: fetch the history still buffered, keep nothing old.
-                await self._recover(start=0)
+                await self._recover(start=0, upto=seq)
             await self._apply_if_new(seq, batch, frames[2])
         else:
             self.counters.gaps += 1
-            log.warning(
+            self._limited.warning(
+                "gap",
                 "worker %s rank %d: gap %d..%d",
                 self.worker_id,
                 rank,
@@ -332,7 +343,7 @@ class WorkerSubscription(RecoveryMixin):
                 await self._clear("gap and no replay endpoint")
                 self.partial_history = True
             else:
-                await self._recover(start=decision.start, clear_on_miss=True)
+                await self._recover(start=decision.start, clear_on_miss=True, upto=seq)
             await self._apply_if_new(seq, batch, frames[2])
 
     # ------------------------------------------------------------------ apply
