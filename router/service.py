@@ -243,8 +243,13 @@ class RouterService:
         return await self.worker_info(spec.worker_id)
 
     async def remove_worker(self, worker_id: str) -> None:
-        """Unsubscribe and drop the worker's index entries and metadata."""
+        """Unsubscribe and drop the worker's index entries and metadata; then the routing
+        state kept for it (in-flight load, recent share, speed) goes too, so a worker
+        registered again under the id starts as a new one."""
         await self.registry.remove(worker_id)
+        routing = getattr(self, "routing", None)  # installed by router.http.routing
+        if routing is not None:
+            routing.forget_worker(worker_id)
 
     async def restore_worker(self, worker_id: str) -> None:
         """Save a worker's registration and settings again (the index lost them)."""

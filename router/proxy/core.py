@@ -188,7 +188,8 @@ class Proxy:
         return list(result.workers)
 
     def route(self, tokens: list[int], scores: list, policy: str | None = None) -> Decision:
-        decision = self.core.route(uuid.uuid4().hex, tokens, scores, policy=policy)
+        # The proxy finishes every request it routes (forward.py's ``finally``): no TTL.
+        decision = self.core.route(uuid.uuid4().hex, tokens, scores, policy=policy, expires=False)
         c = self.counters.worker(decision.worker_id)
         c.routed += 1
         c.estimated_tokens += decision.hit_tokens

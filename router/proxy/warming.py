@@ -48,7 +48,8 @@ async def send_warming(
     previous = 0
     for length in prefixes:
         payload = {
-            "model": body["model"],
+            # Absent when the client named none (the fleet's one model serves it).
+            **({"model": body["model"]} if "model" in body else {}),
             "prompt": list(tokens[:length]),
             "max_tokens": 1,
             "temperature": 0.0,

@@ -89,12 +89,15 @@ class InflightTable:
         prefill_tokens: float = 0.0,
         decode_tokens: float = 0.0,
         tokens: float = 0.0,
+        expires: bool = True,
     ) -> Inflight:
+        """``expires=False``: the caller always finishes it (the proxy, in a ``finally``),
+        so the TTL -- a guard against finishes that never come -- must not end it while
+        it runs (a generation may outlast any TTL)."""
         if request_id in self._items:
             raise DuplicateRequestError(request_id)
-        item = Inflight(
-            request_id, worker_id, now + self.ttl, prefill_tokens, decode_tokens, tokens, now
-        )
+        deadline = now + self.ttl if expires else float("inf")
+        item = Inflight(request_id, worker_id, deadline, prefill_tokens, decode_tokens, tokens, now)
         self._items[request_id] = item
         load = self._loads.get(worker_id)
         if load is None:
@@ -106,8 +109,19 @@ class InflightTable:
             self._prefilling.setdefault(worker_id, deque()).append(item)
         load.decode_tokens += decode_tokens
         load.tokens += tokens
-        heapq.heappush(self._deadlines, (item.deadline, request_id))
+        if expires:
+            heapq.heappush(self._deadlines, (item.deadline, request_id))
         return item
+
+    def drop_worker(self, worker_id: str) -> int:
+        """Forget every request in flight on a removed worker (a worker registered again
+        under its id starts idle); returns how many. Their finishes are then unknown."""
+        gone = [rid for rid, item in self._items.items() if item.worker_id == worker_id]
+        for rid in gone:
+            del self._items[rid]
+        self._loads.pop(worker_id, None)
+        self._prefilling.pop(worker_id, None)
+        return len(gone)
 
     def finish(self, request_id: str) -> Inflight | None:
         """Remove a request; None when it is unknown (never dispatched, or expired)."""

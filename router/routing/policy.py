@@ -33,6 +33,7 @@ one worker once that worker is clearly busier than the rest.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Mapping, Sequence
 
@@ -293,6 +294,10 @@ def policy_weights(overrides: Mapping[str, object] | None = None) -> PolicyWeigh
             number = float(raw)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise ValueError(f"route weight {name}={raw!r} is not a number") from None
+        # Every weight is a price, a size or a share: NaN made every request a 500 (no
+        # cost compares), infinities and negatives turn terms inside out.
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"route weight {name}={raw!r} must be a finite number >= 0")
         values[name] = int(number) if name == "expected_output_tokens" else number
     return dataclasses.replace(PolicyWeights(), **values)  # type: ignore[arg-type]
 

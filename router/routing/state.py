@@ -160,9 +160,11 @@ class RoutingCore:
         decode_tokens: int | None = None,
         now: float | None = None,
         engines: Mapping[str, EngineStats] | None = None,
+        expires: bool = True,
     ) -> Decision:
         """Choose a worker among ``scores`` (non-empty) and count the request on it
-        (``engines``: what the engines last reported about themselves, where known)."""
+        (``engines``: what the engines last reported about themselves, where known;
+        ``expires=False``: the caller always finishes it, so no TTL applies)."""
         if not scores:
             raise ValueError("no workers to route to")
         chooser = self.policy(policy)
@@ -233,7 +235,13 @@ class RoutingCore:
         expected = max(chosen.hit_tokens, chosen.predicted_tokens)
         out_tokens = weights.expected_output_tokens if decode_tokens is None else decode_tokens
         self.inflight.add(
-            request_id, chosen.worker_id, now, float(n - expected), out_tokens, float(n)
+            request_id,
+            chosen.worker_id,
+            now,
+            float(n - expected),
+            out_tokens,
+            float(n),
+            expires=expires,
         )
         self._count_recent(chosen.worker_id, n, len(views))
         if keys:
@@ -385,6 +393,14 @@ class RoutingCore:
             return False
         self.finished += 1
         return True
+
+    def forget_worker(self, worker_id: str) -> None:
+        """The worker was removed: its in-flight load, its share of recent tokens and its
+        learned speed go, so one registered again under its id starts as a new one."""
+        self.inflight.drop_worker(worker_id)
+        self.recent.pop(worker_id, None)
+        self._cleared.discard(worker_id)
+        self.speeds.forget(worker_id)
 
     def inflight_by_worker(self) -> dict[str, int]:
         return self.inflight.requests_by_worker()

@@ -5,6 +5,7 @@ router's port with the official ``openai`` client, as a user would."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -109,7 +110,10 @@ class RouterProc:
         raise AssertionError("/v1/stream ended without a summary")
 
 
-def start_router(tmp: Path, specs: Iterable[str], *extra: str) -> RouterProc:
+def start_router(
+    tmp: Path, specs: Iterable[str], *extra: str, env: dict[str, str] | None = None
+) -> RouterProc:
+    """``env``: KVROUTE_* settings without a flag, on top of this process's environment."""
     (port,) = free_ports(1)
     cmd = [
         sys.executable, "-m", "router.cli", "serve", "--port", str(port),
@@ -118,7 +122,9 @@ def start_router(tmp: Path, specs: Iterable[str], *extra: str) -> RouterProc:
     ]  # fmt: skip
     log = tmp / "router.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     return RouterProc(f"http://127.0.0.1:{port}", log, proc)
 
 

@@ -172,3 +172,35 @@ def test_embeddings_and_rerank_pass_through_with_the_clients_headers(tmp_path: P
     finally:
         stop(router.proc)
         stop(light.proc)
+
+
+def test_proxied_requests_outlive_the_route_ttl_and_warm_without_a_model(
+    tmp_path: Path,
+) -> None:
+    """The TTL guards /v1/route callers that never finish; the proxy always finishes, so
+    a generation longer than the TTL kept its load and was not counted as expired only
+    by luck (it was). And a prompt long enough to be warmed, sent without `model`, was a
+    500 (the warming request read body["model"])."""
+    light = start_light(tmp_path, 1)
+    env = {"KVROUTE_ROUTE_INFLIGHT_TTL_S": "1", "KVROUTE_ROUTE_PROFILE": "prefill-shaping"}
+    router = start_router(tmp_path, [light.spec(0, "e0")], env=env)
+    try:
+        wait_live(router, ["e0"])
+        light.fault(0, completions_delay_s=2.5)
+        r = httpx.post(
+            f"{router.url}/v1/completions",
+            json={"model": MODEL, "prompt": PROMPT, "max_tokens": 1},
+            timeout=30,
+        )
+        assert r.status_code == 200
+        metrics = router.metrics()
+        assert "kvroute_route_expired_total 0.0" in metrics
+        assert "kvroute_route_finished_total 1.0" in metrics
+        light.fault(0, completions_delay_s=0)
+        long_prompt = list(range(10_000, 30_000))  # past warm_chunk: warmed first
+        r = httpx.post(f"{router.url}/v1/completions", json={"prompt": long_prompt}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert "kvroute_proxy_warm_requests_total 0.0" not in router.metrics()
+    finally:
+        stop(router.proc)
+        stop(light.proc)
