@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from router.index.base import IndexUnavailable
+from router.ratelimited_log import RateLimitedLog
 
 if TYPE_CHECKING:
     from router.index.base import IndexBackend
@@ -37,6 +38,7 @@ class Subscriptions(Protocol):
 
 
 log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
 # `*_created` samples (a timestamp per metric) only confuse dashboards here.
 disable_created_metrics()
 
@@ -109,6 +111,12 @@ class RouterMetrics:
                 blocks[worker_id] = {g: dict(info.blocks_by_medium) for g, info in groups.items()}
         except IndexUnavailable:
             self._collector.index_up = False
+            return
+        except Exception:  # a wrong-typed key, a bug: the counters must stay scrapable
+            _limited.exception(
+                "refresh_failed",
+                "/metrics: the index-side values could not be read; showing the last ones",
+            )
             return
         self._collector.index_up = True
         self._collector.index_stats = stats
@@ -194,6 +202,12 @@ class _ServiceCollector(Collector):
             "times the shared index was found without the registered workers (restarted "
             "empty or flushed); every worker was then resynced",
             value=watch.losses if watch is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "kvroute_index_watch_errors",
+            "index content checks that failed other than by an outage (e.g. a wrong-typed "
+            "key): a loss cannot be noticed while they fail",
+            value=watch.errors if watch is not None else 0,
         )
         yield faulted
         yield GaugeMetricFamily("kvroute_workers", "registered workers", value=len(subs))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from router.index.base import IndexUnavailable
 from router.logging_setup import event_extra
+from router.ratelimited_log import RateLimitedLog
 
 if TYPE_CHECKING:
     from router.index.base import IndexBackend
@@ -34,6 +35,7 @@ class WatchedService(Protocol):
 
 
 log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
 
 
 class IndexWatch:
@@ -43,6 +45,7 @@ class IndexWatch:
         self.service = service
         self.every_s = every_s
         self.losses = 0  # times the index was found without our workers
+        self.errors = 0  # checks that failed other than by an outage (logged, retried)
 
     async def run(self) -> None:
         while True:
@@ -51,6 +54,15 @@ class IndexWatch:
                 await self.check()
             except IndexUnavailable:
                 continue  # an outage: the writers retry, /readyz says 503
+            except Exception:  # e.g. a wrong-typed key: the watch must outlive it
+                self.errors += 1
+                _limited.exception(
+                    "check_failed",
+                    "index watch: a check failed (%d so far); checking again in %.1f s",
+                    self.errors,
+                    self.every_s,
+                    extra=event_extra("index_watch_failed"),
+                )
 
     async def check(self) -> bool:
         """True when the index had lost content (and the repair was started)."""

@@ -73,3 +73,41 @@ async def test_rest_registrations_survive_a_router_restart(
         assert third.worker_ids() == []  # a deleted registration stays deleted
     finally:
         await third.stop()
+
+
+async def test_the_watch_and_metrics_outlive_a_wrong_typed_key(
+    redis_url: str, engine: FakeEngine
+) -> None:
+    """A wrong-typed key is not an outage: the watch's check failed with Redis's
+    WRONGTYPE, which ended its task for good (a later flush went unnoticed), and every
+    /metrics scrape answered 500."""
+    from router.index.redis import WORKERS_KEY
+
+    svc = RouterService(settings(redis_url))
+    await svc.start()
+    db = redis.Redis.from_url(redis_url)
+    try:
+        await svc.add_worker(WorkerSpec(**engine.spec("w0")))
+        await engine.wait_subscribed()
+        await engine.publish(batch(store_chain(0)))
+
+        async def indexed() -> bool:
+            return await hits(svc, "w0", 0) == 8
+
+        await wait_until(indexed, what="chain indexed")
+        kept = db.smembers(WORKERS_KEY)
+        db.delete(WORKERS_KEY)
+        db.set(WORKERS_KEY, "not a set")
+        watch = svc.index_watch
+        assert watch is not None
+        await wait_until(lambda: watch.errors >= 2, what="checks failing, the watch alive")
+        scraped = await svc.metrics.render()  # an exception before: every scrape a 500
+        assert b"kvroute_index_watch_errors_total" in scraped
+        db.delete(WORKERS_KEY)
+        db.sadd(WORKERS_KEY, *kept)
+        db.flushall()  # and now a real loss: still noticed
+        await wait_until(lambda: watch.losses == 1, what="the loss noticed")
+        await wait_until(indexed, what="chain rebuilt")
+    finally:
+        db.close()
+        await svc.stop()
