@@ -30,8 +30,11 @@ class WatchedService(Protocol):
 
     subscriptions: Any
     index: IndexBackend
+    settings: Any
 
     async def restore_worker(self, worker_id: str) -> None: ...
+
+    async def remove_worker(self, worker_id: str) -> None: ...
 
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,10 @@ class IndexWatch:
         lost = [s for s in subs if s.worker_id not in known]
         if not lost:
             return False
+        if len(lost) < len(subs):  # the index kept others: removed elsewhere, or lost?
+            lost = await self._drop_removed_elsewhere(lost)
+            if not lost:
+                return False
         self.losses += 1
         log.warning(
             "the index lost its content (%d of %d workers unknown to it: restarted empty or "
@@ -86,3 +93,25 @@ class IndexWatch:
             await svc.restore_worker(sub.worker_id)
             sub.request_resync("the index lost its content")
         return True
+
+    async def _drop_removed_elsewhere(self, missing: list[Any]) -> list[Any]:
+        """Of the workers the index no longer knows while it knows others, those
+        registered over REST whose shared registration is gone too were deleted through
+        another router sharing the index: drop them here as well (restoring them
+        re-created what the operator deleted, and resynced every worker). The rest are
+        content lost (returned)."""
+        svc = self.service
+        kept = await svc.index.load_registrations()
+        configured = {spec.worker_id for spec in svc.settings.workers}
+        lost = []
+        for sub in missing:
+            if sub.worker_id in configured or sub.worker_id in kept or sub.spec.via_listener:
+                lost.append(sub)
+                continue
+            log.info(
+                "worker %s was removed through another router sharing the index: removed here",
+                sub.worker_id,
+                extra=event_extra("worker_removed_elsewhere", worker=sub.worker_id),
+            )
+            await svc.remove_worker(sub.worker_id)
+        return lost

@@ -111,3 +111,30 @@ async def test_the_watch_and_metrics_outlive_a_wrong_typed_key(
     finally:
         db.close()
         await svc.stop()
+
+
+async def test_a_worker_removed_on_one_replica_stays_removed_on_the_other(
+    redis_url: str, engine: FakeEngine
+) -> None:
+    """DELETE on one replica: the other's watch took the missing worker for lost content,
+    registered it again (undoing the delete) and resynced every worker."""
+    other = FakeEngine()
+    configured = WorkerSpec(**other.spec("w0"))
+    a = RouterService(settings(redis_url).model_copy(update={"workers": [configured]}))
+    await a.start()
+    b: RouterService | None = None
+    try:
+        await a.add_worker(WorkerSpec(**engine.spec("w3")))  # over REST, kept in Redis
+        b = RouterService(settings(redis_url).model_copy(update={"workers": [configured]}))
+        await b.start()  # restores w3 from Redis
+        assert sorted(b.worker_ids()) == ["w0", "w3"]
+        await a.remove_worker("w3")
+        await wait_until(lambda: b is not None and b.worker_ids() == ["w0"], what="w3 gone on b")
+        assert b.index_watch is not None and b.index_watch.losses == 0
+        assert await b.index.load_registrations() == {}
+        assert sorted(await b.index.known_workers()) == ["w0"]
+    finally:
+        if b is not None:
+            await b.stop()
+        await a.stop()
+        await other.close()
