@@ -298,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     # requests (benchmarks/proxy_cpu.py --gc; docs/proxy.md, "Overhead").
     gc.collect()
     gc.freeze()
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        return 130  # the shell's code for SIGINT, without a traceback
     return 0
 
 

@@ -180,7 +180,9 @@ class _RoutingCollector(Collector):
             value={"policy": core.config.default_policy, "profile": core.config.profile},
         )
         routes = CounterMetricFamily(
-            "kvroute_routes", "requests routed by /v1/route, per policy", labels=["policy"]
+            "kvroute_routes",
+            "requests routed (/v1/route and the proxy), per policy",
+            labels=["policy"],
         )
         for name in POLICY_NAMES:
             routes.add_metric([name], core.routed.get(name, 0))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,9 +82,14 @@ class Tail:
         self.replay_timeout: float = args.replay_timeout
         self.count: int | None = args.count
         self.state = TailState()
-        # Highest seq already printed from an initial --from-seq replay, per topic: live
-        # copies of those batches are duplicates, not a publisher restart.
+        # The live socket's --topic prefix filter, applied to replayed frames too.
+        self.topic_prefix: str = args.topic or ""
+        # Highest seq already printed from an initial --from-seq replay, per topic, and
+        # each printed batch's checksum: a live copy of one of those batches is a
+        # duplicate; a different batch under such a seq is a publisher that restarted.
         self._replayed_upto: dict[str, int] = {}
+        self._replayed_crc: dict[tuple[str, int], int] = {}
+        self._recording = False
 
     @property
     def done(self) -> bool:
@@ -106,26 +112,39 @@ class Tail:
                 continue
             if topic is not None and item.topic != topic:
                 continue
+            if not item.topic.startswith(self.topic_prefix):
+                continue
             if item.seq < start_seq or (below is not None and item.seq >= below):
                 continue
             last = self.state.last_seq.get(item.topic)
             if last is not None and item.seq <= last:
                 continue
+            self._emit_replayed(item)
             self._emit(item)
             printed += 1
         return printed
 
     def initial_replay(self, from_seq: int) -> None:
-        self.replay_from(from_seq, None, None)
+        self._recording = True
+        try:
+            self.replay_from(from_seq, None, None)
+        finally:
+            self._recording = False
         self._replayed_upto = dict(self.state.last_seq)
+
+    def _emit_replayed(self, frame: Frame) -> None:
+        if self._recording:  # only the initial replay's batches (bounded by the buffer)
+            self._replayed_crc[frame.topic, frame.seq] = zlib.crc32(frame.payload)
 
     def on_live(self, frame: Frame) -> None:
         topic, seq = frame.topic, frame.seq
         upto = self._replayed_upto.get(topic)
         if upto is not None:
-            if seq <= upto:
-                return
-            del self._replayed_upto[topic]
+            same = self._replayed_crc.get((topic, seq)) == zlib.crc32(frame.payload)
+            if seq <= upto and same:
+                return  # the live copy of a batch the replay printed
+            del self._replayed_upto[topic]  # past the replay, or a restarted publisher
+            self._replayed_crc = {k: v for k, v in self._replayed_crc.items() if k[0] != topic}
         last = self.state.last_seq.get(topic)
         if last is not None and seq <= last:
             self.printer.restart(topic, last, seq)

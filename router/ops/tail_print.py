@@ -17,7 +17,14 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from schemas import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, decode_batch
+from schemas import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeError,
+    DecodeStats,
+    decode_batch,
+)
 
 _KIND_SHORT = {"full_attention": "full", "sliding_window": "swa", "mla_attention": "mla"}
 
@@ -125,11 +132,20 @@ class Printer:
         self.console.out(json.dumps(obj, separators=(",", ":")), highlight=False)
 
     def batch(self, frame: Frame) -> None:
+        stats = DecodeStats()
         try:
-            batch = decode_batch(frame.payload)
+            batch = decode_batch(frame.payload, stats)
         except DecodeError as exc:
             self.error(frame.topic, frame.seq, f"undecodable payload: {exc}")
             return
+        skipped = stats.malformed_events + stats.unknown_event_types
+        if skipped:  # the decoder leaves such events out of the batch: say so
+            self.error(
+                frame.topic,
+                frame.seq,
+                f"{stats.malformed_events} malformed and {stats.unknown_event_types} "
+                "unknown-type events skipped",
+            )
         events = [describe_event(e) for e in batch.events]
         if self.as_json:
             self._json(

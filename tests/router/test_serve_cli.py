@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -190,3 +191,12 @@ def test_sigterm_with_an_open_event_stream_exits_promptly(serve: Any):
         t0 = time.monotonic()
         assert s.stop() in (0, -15)  # -9 would mean stop() had to kill it
         assert time.monotonic() - t0 < 10
+
+
+def test_ctrl_c_stops_the_router_without_a_traceback(serve: Any):
+    """uvicorn shuts down on SIGINT, then re-raises KeyboardInterrupt: a traceback and
+    exit status -2 for what the operator asked for."""
+    s = serve()
+    s.proc.send_signal(signal.SIGINT)
+    assert s.proc.wait(timeout=20) == 130
+    assert "Traceback" not in s.log() and "router stopped" in s.log()

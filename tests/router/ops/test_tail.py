@@ -320,3 +320,58 @@ def test_replays_history_from_our_publisher(capsys: pytest.CaptureFixture[str]):
     assert seqs == [1, 2, 3]
     assert all(r["topic"] == "kv@w" for r in records if "seq" in r)
     assert [r["replayed"] for r in records if "seq" in r][:2] == [True, True]
+
+
+def _wait_replay_asked(engine: FakeEngine) -> None:
+    deadline = time.monotonic() + 10
+    while not engine.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.requests
+
+
+def test_from_seq_replay_honours_the_topic_filter(
+    engine: FakeEngine, capsys: pytest.CaptureFixture[str]
+):
+    """--topic filtered the live frames but not the --from-seq replay."""
+    for frames in LIVE[:3]:
+        engine.buffer[int.from_bytes(frames[1], "big")] = list(frames)
+    _topic, _seq_bytes, payload = LIVE[3]
+    argv = [engine.endpoint, "--replay", engine.replay_endpoint, "--from-seq", "0"]
+    runner = TailThread([*argv, "--json", "--count", "1", "--topic", "kv@nomatch"])
+    engine.wait_subscribed()
+    _wait_replay_asked(engine)
+    engine.send([b"kv@nomatch", _seq(0), payload], buffer=False)
+    assert runner.join() == 0
+    records = [json.loads(line) for line in _lines(capsys.readouterr().out)]
+    assert [(r["topic"], r["seq"], r["replayed"]) for r in records] == [("kv@nomatch", 0, False)]
+
+
+def test_a_restart_after_the_from_seq_replay_is_shown(
+    engine: FakeEngine, capsys: pytest.CaptureFixture[str]
+):
+    """A live batch under a seq the replay printed was always taken for its duplicate:
+    a publisher that restarted from 0 went unnoticed. A different batch is a restart."""
+    for frames in LIVE[:3]:
+        engine.buffer[int.from_bytes(frames[1], "big")] = list(frames)
+    argv = [engine.endpoint, "--replay", engine.replay_endpoint, "--from-seq", "0"]
+    runner = TailThread([*argv, "--count", "4"])
+    engine.wait_subscribed()
+    _wait_replay_asked(engine)
+    engine.send([LIVE[0][0], _seq(0), LIVE[3][2]])  # seq 0 again, another batch
+    assert runner.join() == 0
+    lines = _lines(capsys.readouterr().out)
+    assert any(line.startswith("restart") and "2 -> 0" in line for line in lines), lines
+    assert [line.split()[0] for line in lines if line.startswith("#")] == ["#0", "#1", "#2", "#0"]
+
+
+def test_events_the_decoder_skips_are_reported(
+    engine: FakeEngine, capsys: pytest.CaptureFixture[str]
+):
+    batch = msgspec.msgpack.decode(LIVE[0][2])
+    batch[1].append(["BlockMoved", [1], "GPU"])  # an event type no engine sends
+    runner = TailThread([engine.endpoint, "--count", "1"])
+    engine.wait_subscribed()
+    engine.send([LIVE[0][0], LIVE[0][1], msgspec.msgpack.encode(batch)])
+    assert runner.join() == 0
+    lines = _lines(capsys.readouterr().out)
+    assert any(line.startswith("error") and "1 unknown-type" in line for line in lines), lines
