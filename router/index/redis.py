@@ -76,7 +76,7 @@ WORKERS_KEY = INDEX_PREFIX + "workers"
 REGISTRATIONS_KEY = INDEX_PREFIX + "registrations"
 # Per shard (``X = index_prefix(shard)``): X..'state' worker -> msgpack metadata,
 # X..'plan' worker -> "g,bs,full;...", X..'slot' worker -> its slot in the shard's rows,
-# X..'ver' grows with every metadata or slot change (``router.index.redis_lua``).
+# X..'ver' grows with every metadata or slot change, never reused (``redis_lua_lib``).
 STATE_KEY = INDEX_PREFIX + "state"  # shard 0's (the only shard on a single server)
 SLOT_KEY = INDEX_PREFIX + "slot"
 # Shards on a cluster: workers spread over this many hash tags (slots), so over the
@@ -224,7 +224,7 @@ class RedisIndex(RedisReads):
             pipe.hset(x + "state", worker_id, blob)
             pipe.hset(x + "plan", worker_id, plan_of(state.groups))
             pipe.hsetnx(meta, "epoch", epoch)  # a new worker (or one re-created)
-            pipe.incr(x + "ver")  # cached metadata is stale (router.index.redis_read)
+            pipe.execute_command("EVAL", redis_lua.BUMP, 1, x + "ver")  # stale caches
             pipe.sadd(WORKERS_KEY, worker_id)
             if (await pipe.execute())[2]:  # APPLY checks the epoch this process knows
                 self._mappings.check_epoch(worker_id, str(epoch).encode())
@@ -367,7 +367,7 @@ class RedisIndex(RedisReads):
             pipe.hdel(x + "state", worker_id)
             pipe.hdel(x + "plan", worker_id)
             pipe.srem(WORKERS_KEY, worker_id)
-            pipe.incr(x + "ver")
+            pipe.execute_command("EVAL", redis_lua.BUMP, 1, x + "ver")  # max(+1, clock)
             await pipe.execute()
 
         await self._call(run)

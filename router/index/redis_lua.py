@@ -11,9 +11,10 @@ group ``g``: 3 bytes per worker slot holding it, ``code(slot)`` (2 bytes, each >
 then the media mask (1..7). A mask byte is < 8 and a code byte >= 8, so a plain
 ``string.find`` of a code can only match at a holder's boundary (C speed, no scan).
 ``X..'slot'`` hash worker -> slot, ``X..'free'`` zset of freed slots, ``X..'next'``
-the next new slot; ``X..'ver'`` a counter every metadata or slot change increments
-(clients cache metadata by it); ``X..'state'`` / ``X..'plan'`` hashes worker -> msgpack metadata /
-"g,bs,full;..." (read by a score in one HMGET each).
+the next new slot; ``X..'ver'`` the metadata version every metadata or slot change moves
+up (clients cache metadata by it; never reused, even after a loss: ``redis_lua_lib``);
+``X..'state'`` / ``X..'plan'`` hashes worker -> msgpack metadata / "g,bs,full;..." (read
+by a score in one HMGET each).
 
 Per worker ``P = X..'w:'..<id>..':'``: ``P..'meta'`` hash {epoch: a random token set when
 the worker is created and at every clear} · ``P..'n:'..g`` hash bit -> block count, 'k'
@@ -30,7 +31,9 @@ not one per key name and op: an add was a tenth of the script's calls.
 
 from __future__ import annotations
 
-from router.index.redis_lua_lib import APPLY_PRELUDE
+from router.index.redis_lua_lib import APPLY_PRELUDE, BUMP, FREE
+
+__all__ = ["APPLY", "BUMP", "FREE"]
 
 # KEYS[1] = P..'keys'. ARGV[1] = P, ARGV[2] = ghost generation size, ARGV[3] = X,
 # ARGV[4] = worker id. Then a flat op list, each op starting with one header argument
@@ -38,7 +41,8 @@ from router.index.redis_lua_lib import APPLY_PRELUDE
 #   "1 group bs bit n hw nsib sib..." (store), then hashes, then keys
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
 #   "3 epoch" (clear; the worker's cache epoch becomes ``epoch``, see RedisIndex.resolve)
-#   "4 rank seq fingerprint" (a batch boundary: skip to the next one if seq is not new)
+#   "4 rank seq fingerprint" (a batch boundary: skip to the next if seq is not new;
+#   recorded after every other write of the call)
 #   "5 epoch..." (only first: the worker's epoch must still be one of these, else nothing
 #   is written and the reply ends with 1 -- the client planned from stale cached mappings)
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
@@ -66,6 +70,8 @@ slot_code()
 local nargs = #ARGV
 local S = P .. 's'
 local skip, skipped = false, 0
+-- rank -> {seq, "seq:fingerprint"} of the last batch applied here, and the ranks in order
+local SEQ, ranks = {}, {}
 while i <= nargs do
   local hdr = {}
   local nh = 0
@@ -76,15 +82,22 @@ while i <= nargs do
   i = i + 1
   local op = hdr[1]
   if op == '4' then
-    -- A batch boundary: apply what follows only if this seq is new for the rank.
-    local cur = redis.call('HGET', S, hdr[2])
-    local last = nil
-    if cur then last = tonumber(string.match(cur, '^(-?%d+)')) end
+    -- A batch boundary: apply what follows only if this seq is new for the rank (read
+    -- only). The seq is recorded last, once every write of the call went through: Redis
+    -- keeps what a failing script wrote, so a batch noted first stayed "applied".
+    local r, last = hdr[2], nil
+    if SEQ[r] then
+      last = SEQ[r][1]
+    else
+      local cur = redis.call('HGET', S, r)
+      if cur then last = tonumber(string.match(cur, '^(-?%d+)')) end
+    end
     skip = last ~= nil and tonumber(hdr[3]) <= last
     if skip then
       skipped = skipped + 1
     else
-      redis.call('HSET', S, hdr[2], hdr[3] .. ':' .. hdr[4])
+      if not SEQ[r] then ranks[#ranks + 1] = r end
+      SEQ[r] = {tonumber(hdr[3]), hdr[3] .. ':' .. hdr[4]}
     end
   elseif skip then
     -- Consume the skipped op's arguments without running it.
@@ -373,18 +386,14 @@ while i <= nargs do
   end
 end
 flush_counts()
+if #ranks > 0 then  -- last: the batches' seqs (see op '4')
+  local kv = {}
+  for _, r in ipairs(ranks) do
+    kv[#kv + 1] = r
+    kv[#kv + 1] = SEQ[r][2]
+  end
+  redis.call('HSET', S, unpack(kv))
+end
 return {stored, repeat_, removed, missing, skipped, redis.call('HGET', P .. 'meta', 'epoch')}
 """
 )
-
-# Free a removed worker's slot (its rows were left by the clear before): KEYS[1] =
-# X..'slot', ARGV[1] = X, ARGV[2] = worker id.
-FREE = r"""
-local s = redis.call('HGET', KEYS[1], ARGV[2])
-if s then
-  redis.call('HDEL', KEYS[1], ARGV[2])
-  redis.call('ZADD', ARGV[1] .. 'free', s, s)
-  redis.call('INCR', ARGV[1] .. 'ver')
-end
-return s
-"""

@@ -1,6 +1,7 @@
 """The ``APPLY`` script's prelude (``router.index.redis_lua``): its arguments as locals,
 the string helpers on holders strings and row fields, and the call's own state (key-set
-adds, summed counters, reused tables).
+adds, summed counters, reused tables); and the metadata version's bump, which ``APPLY``,
+``FREE`` (here) and the client's pipelines (``BUMP``) share.
 
 Split from ``router.index.redis_lua`` along the seam between the helpers and the op loop;
 the layout they work on is described there.
@@ -8,9 +9,53 @@ the layout they work on is described there.
 
 from __future__ import annotations
 
+# A shard's metadata version ``X..'ver'`` (clients cache the workers' metadata and slots
+# by it, ``router.index.redis_meta``) moves at every metadata or slot change to
+# max(current + 1, the server's clock in microseconds). Why not a counter: an INCR counts
+# again from 0 on a Redis that lost its data (flushed, restarted empty), so after as many
+# changes as before, a replica's cached version was "current" again over other content
+# (slots handed out in another order). While the key lives the version only grows
+# (whatever the clock does); after a loss it starts again at the clock, above every
+# version handed out before -- each was its bump's clock reading, or a step or two above
+# where bumps shared one (Valkey freezes TIME within a script; one bump per script here)
+# -- unless the server's clock went back past them. Scripts may read TIME and then write:
+# Redis >= 7 and Valkey replicate a script's effects. Every bump goes through
+# ``bump_ver`` (in ``APPLY`` and ``FREE``; ``BUMP`` for the client's own pipelines,
+# ``router.index.redis``).
+BUMP_VER = r"""
+local function bump_ver(V)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local v = math.max((tonumber(redis.call('GET', V) or '0') or 0) + 1, now)
+  -- '%.0f': a Lua number above 1e14 would otherwise go out in exponent form
+  redis.call('SET', V, string.format('%.0f', v))
+  return v
+end
+"""
+
+# KEYS[1] = X..'ver': one bump (``BUMP_VER``), the new version returned.
+BUMP = BUMP_VER + "return bump_ver(KEYS[1])\n"
+
+# Free a removed worker's slot (its rows were left by the clear before): KEYS[1] =
+# X..'slot', ARGV[1] = X, ARGV[2] = worker id.
+FREE = (
+    BUMP_VER
+    + r"""
+local s = redis.call('HGET', KEYS[1], ARGV[2])
+if s then
+  redis.call('HDEL', KEYS[1], ARGV[2])
+  redis.call('ZADD', ARGV[1] .. 'free', s, s)
+  bump_ver(ARGV[1] .. 'ver')
+end
+return s
+"""
+)
+
 # Prepended to the op loop: ``APPLY = APPLY_PRELUDE + ...`` (one script). The per-call
 # state below is created before the epoch check; a refused call only allocated it.
-APPLY_PRELUDE = r"""
+APPLY_PRELUDE = (
+    BUMP_VER
+    + r"""
 local P = ARGV[1]
 local CAP = tonumber(ARGV[2])
 local X = ARGV[3]
@@ -29,7 +74,7 @@ local function slot_code()
     local f = redis.call('ZPOPMIN', X .. 'free')
     if #f > 0 then s = f[1] else s = redis.call('INCR', X .. 'next') - 1 end
     redis.call('HSET', X .. 'slot', W, s)
-    redis.call('INCR', X .. 'ver')
+    bump_ver(X .. 'ver')
   end
   s = tonumber(s)
   code = char(8 + math.floor(s / 248), 8 + s % 248)
@@ -127,3 +172,4 @@ end
 -- Per call: whether a worker's copies hash exists, and a ghost generation's size.
 local has_copies, ghosts = {}, {}
 """
+)
