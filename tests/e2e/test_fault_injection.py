@@ -13,7 +13,6 @@ index losses) and the worker flagged.
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -22,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 from _helpers import FakeEngine, wait_until
 from _kv_streams import EventSource, Harness, tokens
+from _redis import start_redis_server
 
 from router.config import RouterSettings, WorkerSpec
 from router.index import make_index
@@ -194,25 +193,7 @@ async def test_malformed_frames_never_touch_the_index(engine: FakeEngine) -> Non
 
 
 def _redis(port: int) -> subprocess.Popen[bytes]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server not found (run `make system-deps`)", pytrace=False)
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port, socket_timeout=2)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            client.ping()
-            return proc
-        except redis.exceptions.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("redis-server did not start", pytrace=False)
-            time.sleep(0.02)
+    return start_redis_server("redis-server", port).proc
 
 
 async def test_redis_restarted_empty_mid_stream(engine: FakeEngine) -> None:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
 from _helpers import FakeEngine, batch, chain, store_chain, wait_until
 from _kv_streams import Harness
+from _redis import start_redis_server
 
 from router.config import RouterSettings, WorkerSpec
 from router.index import redis_lua
@@ -41,22 +41,7 @@ HOLDER = {1: "w1", 2: "w2", 3: "w2", 4: "w1"}
 
 def serve(binary: str, port: int) -> subprocess.Popen[bytes]:
     """A redis-server (or valkey-server) without persistence on ``port``, answering."""
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port, socket_timeout=5)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            client.ping()
-            return proc
-        except redis.exceptions.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail(f"{binary} did not start on port {port}", pytrace=False)
-            time.sleep(0.02)
+    return start_redis_server(binary, port).proc
 
 
 @pytest.fixture
