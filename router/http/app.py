@@ -92,6 +92,12 @@ class ErrorCounts(Collector):
         yield family
 
 
+def _count(app: FastAPI, code: str) -> None:
+    counts: ErrorCounts | None = getattr(app.state, "http_errors", None)
+    if counts is not None:
+        counts.counts[code] += 1
+
+
 def _answer(
     request: Request,
     status: int,
@@ -100,9 +106,7 @@ def _answer(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """The error answer, counted, and logged rate-limited (one key per code)."""
-    counts: ErrorCounts | None = getattr(request.app.state, "http_errors", None)
-    if counts is not None:
-        counts.counts[code] += 1
+    _count(request.app, code)
     _limited.info(
         ("rejected", code),
         "%s %s answered %d %s: %s",
@@ -185,9 +189,7 @@ class InternalErrorMiddleware:
                 request.url.path,
                 extra={"event": "internal_error"},
             )
-            counts: ErrorCounts | None = getattr(scope["app"].state, "http_errors", None)
-            if counts is not None:
-                counts.counts["internal_error"] += 1
+            _count(scope["app"], "internal_error")
             if not started:
                 message = f"internal error: {type(exc).__name__}"
                 await error_response(500, "internal_error", message)(scope, receive, send)

@@ -106,6 +106,20 @@ class Proxy:
             names |= self.worker_models(w) or set()
         return sorted(names)
 
+    def requested_model(self, body: Mapping[str, Any]) -> str | None:
+        """The body's ``model``; None (any worker) when absent and the fleet serves at
+        most one -- vLLM serves its one model -- else 400."""
+        model = body.get("model")
+        if model is None:
+            served = self.models()
+            if len(served) > 1:
+                raise ProxyError(
+                    400, "invalid_request", f"'model' is required: served are {', '.join(served)}"
+                )
+        elif not isinstance(model, str) or not model:
+            raise ProxyError(400, "invalid_request", "'model' must be a non-empty string")
+        return model
+
     def model_card(self, name: str) -> dict[str, object] | None:
         """An engine's own card for ``name`` (vLLM's has ``max_model_len``, ``root``...),
         from the first worker that reported one; None when no engine did."""

@@ -22,7 +22,7 @@ import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.proxy.core import Proxy, ProxyError
-from router.proxy.headers import KEY_HEADERS, NOT_FORWARDED
+from router.proxy.headers import forwarded
 from router.proxy.upstream import DROP, UpstreamError, UpstreamResponse
 from router.proxy.usage import cached_tokens_of, cached_tokens_of_stream
 from router.proxy.warming import send_warming
@@ -170,28 +170,18 @@ class ProxyMiddleware:
             raise ProxyError(400, "invalid_json", "request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise ProxyError(400, "invalid_request", "request body must be a JSON object")
-        model = body.get("model")
-        if model is None:  # vLLM serves its one model; a fleet of several must be told
-            served = self.proxy.models()
-            if len(served) > 1:
-                raise ProxyError(
-                    400, "invalid_request", f"'model' is required: served are {', '.join(served)}"
-                )
-        elif not isinstance(model, str) or not model:
-            raise ProxyError(400, "invalid_request", "'model' must be a non-empty string")
+        model = self.proxy.requested_model(body)
         policy = None
-        forward_headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
-        # With a router key the client's Authorization (and X-API-Key) is that key: it
-        # stays here (the engines get engine_api_key, when set, from the upstream pool).
-        keyed = bool(self.proxy.settings.api_key)
         for name, value in scope["headers"]:
             if name == b"x-kvroute-policy":
                 try:
                     policy = check_policy(value.decode("latin-1"))
                 except ValueError as exc:
                     raise ProxyError(400, "unknown_policy", str(exc)) from None
-            elif name not in NOT_FORWARDED and not (keyed and name in KEY_HEADERS):
-                forward_headers.append((name, value))  # router.proxy.headers' rule
+        # With a router key the client's Authorization (and X-API-Key) is that key: it
+        # stays here (the engines get engine_api_key, when set, from the upstream pool).
+        forward_headers = forwarded(scope["headers"], bool(self.proxy.settings.api_key))
+        forward_headers.append((b"content-type", b"application/json"))
         stream = body.get("stream") is True
         p = self.proxy
         workers = p.candidates(model)

@@ -235,13 +235,7 @@ class RoutingCore:
         expected = max(chosen.hit_tokens, chosen.predicted_tokens)
         out_tokens = weights.expected_output_tokens if decode_tokens is None else decode_tokens
         self.inflight.add(
-            request_id,
-            chosen.worker_id,
-            now,
-            float(n - expected),
-            out_tokens,
-            float(n),
-            expires=expires,
+            request_id, chosen.worker_id, now, float(n - expected), out_tokens, float(n), expires
         )
         self._count_recent(chosen.worker_id, n, len(views))
         if keys:
