@@ -241,20 +241,27 @@ class RecoveryMixin:
             if clear_on_miss and (first is None or first > start):
                 await self._clear(f"replay cannot fill from {start} (buffer starts at {first})")
                 clear_first = True
-            if clear_first or fresh:
-                # The index holds this replay's history only: complete if it reached seq
-                # 0 (or, asked from 0 with nothing live to compare, the publisher has
-                # published nothing), else -- a failed replay too -- partial, where there
-                # is history to miss: a rebuild, a live frame past 0, a buffer past 0.
-                if first == 0 or (got == [] and start == 0 and upto is None):
-                    self.partial_history = False
-                elif clear_first or upto is not None or first is not None:
-                    self._history_is_partial(first if first is not None else upto)
+            if clear_first or fresh:  # the index holds this replay's history only
+                self._mark_history(got, start, upto, rebuilt=clear_first)
             await self._apply_replayed(frames)
             await self._flush()
         finally:
             self.syncing = False
             self._recovering_since = None
+
+    def _mark_history(
+        self, got: list[ReplayFrame] | None, start: int, upto: int | None, *, rebuilt: bool
+    ) -> None:
+        """After a replay that is all the index holds of the worker (``got``; None: it
+        failed): complete if it reached seq 0 (or, asked from 0 with nothing live to
+        compare, the publisher has published nothing), else -- a failed replay too --
+        partial, where there is history to miss: a rebuild, a live frame past 0
+        (``upto``), a buffer past 0."""
+        first = got[0].seq if got else None
+        if first == 0 or (got == [] and start == 0 and upto is None):
+            self.partial_history = False
+        elif rebuilt or upto is not None or first is not None:
+            self._history_is_partial(first if first is not None else upto)
 
     def _history_is_partial(self, first: int | None) -> None:
         """Nothing before seq ``first`` (None: before the next batch) is in the index."""
@@ -358,14 +365,11 @@ class RecoveryMixin:
     async def _repair(self) -> None:
         self._repair_at = None
         await self._clear("an index write failed")
-        got = None
+        got = None  # no replay endpoint: nothing to rebuild from
         if self.spec.replay_endpoint is not None:
             got = await self._fetch_replay(0, quiet=False)
             await self._apply_replayed(got or [])
-        if got == [] or (got and got[0].seq == 0):
-            self.partial_history = False
-        else:  # no replay, a failed one, or a buffer past seq 0
-            self._history_is_partial(got[0].seq if got else None)
+        self._mark_history(got, 0, None, rebuilt=True)
         await self._writer.flush()
         if self._writer.failed or self._writer.clear_failed:
             self._writer.failed = self._writer.clear_failed = False
