@@ -43,6 +43,7 @@ from router.ingest.block_keys import chain_keys, compact_keys, key_bytes, root_d
 from router.ingest.counters import IngestCounters
 from router.ingest.packed import tokens as unpacked
 from router.ingest.partials import PendingPartials
+from router.ingest.rejects import group_ok
 from schemas import MEDIUM_GPU, BlockRemoved, BlockStored, KVEventBatch, normalise_medium
 from schemas.decode import PackedBlockStored
 
@@ -92,7 +93,7 @@ def _scan(
             return None
         g, bs, hashes = ev.group_idx, ev.block_size, ev.block_hashes
         if (
-            (g is not None and (type(g) is not int or g < 0))
+            not group_ok(g)  # a bad group is the general path's to reject and count
             or type(bs) is not int
             or bs != unit
             or not hashes
@@ -235,7 +236,7 @@ async def plan_simple(
         if type(ev) is BlockRemoved:
             c.events_removed += 1
             # ing._group's check, called (and counted) only for an odd value
-            if gi is not None and (type(gi) is not int or gi < 0) and ing._group(gi) is None:
+            if not group_ok(gi) and ing._group(gi) is None:
                 continue
             m = ev.medium
             bit = (

@@ -53,7 +53,7 @@ from router.ingest.packed import unpack
 from router.ingest.partials import PendingPartials, register
 from router.ingest.reannounce import Unwritten, find_reannouncements
 from router.ingest.recomputes import RecomputeLog
-from router.ingest.rejects import BAD_MEDIUM, BadEvents, Rejected, screen, wild_groups
+from router.ingest.rejects import BAD_MEDIUM, BadEvents, Rejected, screen
 from router.ingest.resolve import resolve_parents
 from schemas import (
     AllBlocksCleared,
@@ -263,11 +263,9 @@ class Ingestor:
         ops: list[Op] = []
         pend = self._pending(worker_id)
         recent = self._recent.setdefault(worker_id, deque(maxlen=RECENT_RANGES))
-        # The fast path takes only stores at the current unit (the unit stays), and checks
-        # a group's sign, not its bound; rejected stores are learned from by nothing.
-        if wild_groups(batch) or not await plan_simple(
-            self, worker_id, state, batch, known, marks, pend, recent, ops
-        ):
+        # The fast path takes only stores at the current unit (the unit stays) in a valid
+        # group; rejected stores are learned from by nothing.
+        if not await plan_simple(self, worker_id, state, batch, known, marks, pend, recent, ops):
             batch = unpack(batch)  # the general path reads token ids as ints
             unit = state.settings.hash_block_size
             batch = screen(batch, self.default_block_size, unit)

@@ -75,16 +75,6 @@ def group_ok(group_idx: object) -> bool:
     return type(group_idx) is int and 0 <= group_idx < MAX_GROUPS
 
 
-def wild_groups(batch: KVEventBatch) -> bool:
-    """Some event's ``group_idx`` is an int beyond ``MAX_GROUPS``: the fast path, which
-    checks only the sign, must leave such a batch to the general path (that rejects it)."""
-    for ev in batch.events:
-        g = getattr(ev, "group_idx", None)
-        if type(g) is int and g >= MAX_GROUPS:
-            return True
-    return False
-
-
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """A store ``screen`` rejected, in its place in the batch: no learner or planner
@@ -158,10 +148,8 @@ class BadEvents:
 
     def group(self, group_idx: object) -> int | None:
         """The event's group (absent = 0), or None (counted) for a value no engine sends."""
-        if group_idx is None:
-            return 0
-        if type(group_idx) is int and 0 <= group_idx < MAX_GROUPS:
-            return group_idx
+        if group_ok(group_idx):
+            return group_idx if isinstance(group_idx, int) else 0  # absent: group 0
         self.bad(BAD_GROUP, group_idx)
         return None
 
