@@ -333,3 +333,30 @@ async def hits(svc: Any, worker_id: str, i: int) -> int:
     """Tokens of chain ``i`` the worker holds (0, or 8 when both blocks are indexed)."""
     resp = await svc.score([*chain(i)[1], 7], [worker_id])
     return int(resp.workers[0].hit_tokens)
+
+
+async def subscribe(
+    svc: Any, engine: FakeEngine, worker_id: str = "w0", *, synced: bool = False
+) -> Any:
+    """Register ``engine`` with ``svc`` as ``worker_id`` and wait until its SUB is
+    subscribed (``synced``: and its catch-up replay has run); the subscription."""
+    from router.config import WorkerSpec
+
+    await svc.add_worker(WorkerSpec(**engine.spec(worker_id)))
+    await engine.wait_subscribed()
+    sub = svc.subscriptions.get(worker_id)
+    assert sub is not None
+    if synced:
+        await wait_until(lambda: engine.replay_requests and not sub.syncing, what="caught up")
+    return sub
+
+
+async def start_subscribed(engine: FakeEngine, **settings: Any) -> tuple[Any, Any]:
+    """A started ``RouterService`` (replay timeout 1 s, ``settings`` on top) with
+    ``engine`` registered as ``w0`` and caught up; (service, subscription)."""
+    from router.config import RouterSettings
+    from router.service import RouterService
+
+    svc = RouterService(RouterSettings(**{"replay_timeout_s": 1.0, **settings}))
+    await svc.start()
+    return svc, await subscribe(svc, engine, synced=True)

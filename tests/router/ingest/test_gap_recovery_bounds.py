@@ -21,7 +21,7 @@ import pytest
 import redis
 import zmq
 import zmq.asyncio
-from _helpers import FakeEngine, batch, chain, hits, store_chain, stored, wait_until
+from _helpers import FakeEngine, batch, chain, hits, store_chain, stored, subscribe, wait_until
 
 from router.config import RouterSettings, WorkerSpec
 from router.index.redis import worker_prefix
@@ -136,10 +136,7 @@ async def test_a_repair_that_cannot_reach_seq_0_leaves_the_history_partial(redis
     svc = RouterService(RouterSettings(index="redis", redis_url=redis_url, replay_timeout_s=2))
     await svc.start()
     try:
-        await svc.add_worker(WorkerSpec(**engine.spec("w0")))
-        await engine.wait_subscribed()
-        sub = svc.subscriptions.get("w0")
-        assert sub is not None
+        sub = await subscribe(svc, engine)
         for i in range(3):
             await engine.publish(batch(store_chain(i)))
         await wait_until(lambda: sub.last_seq.get(0) == 2, what="seqs 0..2 applied")

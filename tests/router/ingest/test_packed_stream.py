@@ -10,9 +10,9 @@ import random
 from typing import Any
 
 import pytest
-from _helpers import FakeEngine, wait_until
+from _helpers import FakeEngine, subscribe, wait_until
 
-from router.config import RouterSettings, WorkerSpec
+from router.config import RouterSettings
 from router.index.memory import MemoryIndex
 from router.ingest import packed
 from router.service import RouterService
@@ -91,11 +91,7 @@ async def _run(payloads: list[bytes], monkeypatch: pytest.MonkeyPatch) -> tuple[
     svc = RouterService(RouterSettings(replay_timeout_s=1.0))
     await svc.start()
     try:
-        await svc.add_worker(WorkerSpec(**engine.spec("w0")))
-        await engine.wait_subscribed()
-        sub = svc.subscriptions.get("w0")
-        assert sub is not None
-        await wait_until(lambda: len(engine.replay_requests) >= 1 and not sub.syncing)
+        sub = await subscribe(svc, engine, synced=True)
         for p in payloads:
             await engine.publish_payload(p)
         last = len(payloads) - 1

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from _helpers import FakeEngine, wait_until
+from _helpers import FakeEngine, subscribe, wait_until
 from _kv_streams import EventSource, Harness, cleared, configured_harness, tokens
 
-from router.config import RouterSettings, WorkerSpec
+from router.config import RouterSettings
 from router.ingest import fast_path
 from router.ingest.rejects import ECHO_CHARS, MAX_BLOCK_SIZE, MAX_GROUPS, group_ok
 from router.service import RouterService
@@ -160,11 +160,7 @@ async def test_bad_stores_over_zmq_leave_the_worker_scoring(
     svc = RouterService(settings)
     await svc.start()
     try:
-        await svc.add_worker(WorkerSpec(**engine.spec("w0")))
-        await engine.wait_subscribed()
-        sub = svc.subscriptions.get("w0")
-        assert sub is not None
-        await wait_until(lambda: engine.replay_requests and not sub.syncing, what="synced")
+        sub = await subscribe(svc, engine, synced=True)
         src = EventSource("foreign")
         old, new = tokens(4 * BS + 1, seed=1), tokens(4 * BS + 1, seed=2)
         stream = [

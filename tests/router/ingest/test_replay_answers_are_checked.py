@@ -17,11 +17,9 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
-from _helpers import FakeEngine, batch, hits, store_chain, wait_until
+from _helpers import FakeEngine, batch, hits, start_subscribed, store_chain, wait_until
 
-from router.config import RouterSettings, WorkerSpec
 from router.ingest.replay_client import MAX_SEQ, ReplayTooLarge, request_replay
-from router.service import RouterService
 from schemas import REPLAY_END_SEQ, encode_batch
 
 LIE = 2**62  # a seq the live stream never showed
@@ -104,23 +102,12 @@ async def test_the_end_marker_is_recognised_only_with_its_exact_shape(engine: Fa
         await ask(engine.replay_endpoint, MAX_SEQ + 1)
 
 
-async def start(engine: FakeEngine, **settings: Any) -> tuple[RouterService, Any]:
-    svc = RouterService(RouterSettings(replay_timeout_s=1.0, **settings))
-    await svc.start()
-    await svc.add_worker(WorkerSpec(**engine.spec("w0")))
-    await engine.wait_subscribed()
-    sub = svc.subscriptions.get("w0")
-    assert sub is not None
-    await wait_until(lambda: len(engine.replay_requests) >= 1 and not sub.syncing)
-    return svc, sub
-
-
 async def test_a_lying_frame_in_a_gap_replay_is_dropped_and_ingestion_goes_on(
     engine: FakeEngine,
 ):
     """The audit's case: the answer to a gap replay holds the real frames plus one at
     seq 2**62. Before the fix it became the last seq and every later batch was dropped."""
-    svc, sub = await start(engine)
+    svc, sub = await start_subscribed(engine)
     try:
         await engine.publish(batch(store_chain(0)))
         await wait_until(lambda: sub.last_seq.get(0) == 0, what="seq 0 applied")
@@ -144,7 +131,7 @@ async def test_a_lying_frame_in_a_gap_replay_is_dropped_and_ingestion_goes_on(
 async def test_a_lying_frame_in_a_tail_check_answer_is_dropped(engine: FakeEngine):
     """A tail check asks for what follows the last seq with no live seq to bound it: the
     answer's seqs must follow one another."""
-    svc, sub = await start(engine, tail_check_s=0.3)
+    svc, sub = await start_subscribed(engine, tail_check_s=0.3)
     try:
         await engine.publish(batch(store_chain(0)))
         await wait_until(lambda: sub.last_seq.get(0) == 0, what="seq 0 applied")
@@ -166,7 +153,7 @@ async def test_a_lying_frame_in_a_tail_check_answer_is_dropped(engine: FakeEngin
 async def test_a_batch_at_the_last_seq_does_not_crash_the_tail_check(engine: FakeEngine):
     """Nothing follows seq 2**64-1: the tail check asks nothing (it used to ask for
     2**64, an OverflowError that killed the task and made a spurious resync)."""
-    svc, sub = await start(engine, tail_check_s=0.2)
+    svc, sub = await start_subscribed(engine, tail_check_s=0.2)
     try:
         engine.next_seq = MAX_SEQ - 1  # an engine far into its stream (joined there)
         await engine.publish(batch(store_chain(0)))

@@ -9,23 +9,13 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
-from _helpers import FakeEngine, batch, stored, wait_until
+from _helpers import FakeEngine, batch, start_subscribed, stored, wait_until
 
 from publisher import ZmqEventPublisher
 from router.config import RouterSettings, WorkerSpec
 from router.ingest.replay_client import ReplayFailed, ReplayTooLarge, request_replay
 from router.netutil import free_port
 from router.service import RouterService
-
-
-async def start(engine: FakeEngine, **settings: Any) -> tuple[RouterService, Any]:
-    svc = RouterService(RouterSettings(replay_timeout_s=1.0, **settings))
-    await svc.start()
-    await svc.add_worker(WorkerSpec(**engine.spec("w0")))
-    await engine.wait_subscribed()
-    sub = svc.subscriptions.get("w0")
-    await wait_until(lambda: len(engine.replay_requests) >= 1 and not sub.syncing)
-    return svc, sub
 
 
 async def test_replay_answer_is_bounded_in_bytes_and_frames(engine: FakeEngine):
@@ -45,7 +35,7 @@ async def test_replay_answer_is_bounded_in_bytes_and_frames(engine: FakeEngine):
 
 
 async def test_oversized_replay_is_counted_and_the_worker_carries_on(engine: FakeEngine):
-    svc, sub = await start(engine, replay_max_bytes=1 << 20)
+    svc, sub = await start_subscribed(engine, replay_max_bytes=1 << 20)
     try:
         for _ in range(20):  # 2 MB the router never sees live: the gap asks a replay
             await engine.publish_payload(b"x" * 100_000, deliver=False)
@@ -82,7 +72,7 @@ async def test_replay_without_a_free_socket_fails_cleanly(engine: FakeEngine):
 async def test_subscription_task_is_supervised_and_restarted(
     engine: FakeEngine, caplog: pytest.LogCaptureFixture
 ):
-    svc, sub = await start(engine)
+    svc, sub = await start_subscribed(engine)
     try:
         writer = sub._writer
         real_flush = writer.flush
@@ -110,7 +100,7 @@ async def test_subscription_task_is_supervised_and_restarted(
 async def test_bad_frames_keep_being_logged(engine: FakeEngine, caplog: pytest.LogCaptureFixture):
     """Not "once per process": each of the first few bad frames is logged, with a count."""
     caplog.set_level(logging.WARNING, logger="router.ingest.subscription")
-    svc, sub = await start(engine)
+    svc, sub = await start_subscribed(engine)
     try:
         for _ in range(4):
             await engine.publish_payload(b"\xc1 not msgpack")
@@ -171,7 +161,7 @@ async def test_a_connecting_sub_is_reopened_after_an_oversized_message(engine: F
     message (no reconnect attempt follows); the subscription notices the silence of its
     monitor and connects again, and the replay on reconnecting (or the gap's) -- bounded
     by ``replay_max_bytes``, not by the live limit -- brings the batch back."""
-    svc, sub = await start(engine, sub_max_message_bytes=64 << 10)
+    svc, sub = await start_subscribed(engine, sub_max_message_bytes=64 << 10)
     try:
         n = 40_000  # 10k blocks, ~200 KB of token ids in msgpack
         big = await engine.publish(batch(stored(list(range(1, n // 4 + 1)), [7] * n)))

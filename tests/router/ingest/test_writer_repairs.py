@@ -10,9 +10,9 @@ import logging
 
 import pytest
 import redis
-from _helpers import FakeEngine, batch, hits, store_chain, wait_until
+from _helpers import FakeEngine, batch, hits, store_chain, subscribe, wait_until
 
-from router.config import RouterSettings, WorkerSpec
+from router.config import RouterSettings
 from router.index.redis import worker_prefix
 from router.service import RouterService
 
@@ -24,10 +24,7 @@ async def test_a_failed_write_is_not_applied_and_the_worker_is_rebuilt(
     svc = RouterService(RouterSettings(index="redis", redis_url=redis_url, replay_timeout_s=2))
     await svc.start()
     try:
-        await svc.add_worker(WorkerSpec(**engine.spec("w0")))
-        await engine.wait_subscribed()
-        sub = svc.subscriptions.get("w0")
-        assert sub is not None
+        sub = await subscribe(svc, engine)
         await engine.publish(batch(store_chain(0)))
         await wait_until(lambda: sub.last_seq.get(0) == 0, what="seq 0 applied")
         assert await hits(svc, "w0", 0) == 8
