@@ -143,6 +143,10 @@ class RouterSettings(BaseSettings):
     # How often a shared index (Redis) is checked for lost content (restarted empty,
     # flushed); 0 disables.
     index_check_s: float = Field(default=2.0, ge=0)
+    # A shared index that defers a worker's batches (another router cleared the worker
+    # and rebuilds it in order) but stands still this long: that router stopped midway;
+    # this one clears and rebuilds the worker itself. 0 disables.
+    index_defer_max_s: float = Field(default=30.0, ge=0)
     sub_hwm: int = Field(default=100_000, ge=0)
     # Largest message a SUB socket takes (ZMQ_MAXMSGSIZE): a bigger one is refused by ZMQ
     # before it is buffered and the connection dropped (re-established: the peer

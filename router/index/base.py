@@ -95,6 +95,12 @@ class ClearOp(NamedTuple):
     """AllBlocksCleared: every entry and map of the worker goes; metadata stays."""
 
 
+# ``SeqOp.follows`` values that are not a seq: no predecessor was given (the plain rule
+# below), or the writer has applied nothing of the rank since the worker was cleared.
+FOLLOWS_ANY = -2
+FOLLOWS_NOTHING = -1
+
+
 class SeqOp(NamedTuple):
     """The ops that follow (up to the next ``SeqOp``) are batch ``seq`` of DP rank
     ``rank``. A backend applies them only if ``seq`` is newer than the last one it
@@ -102,11 +108,32 @@ class SeqOp(NamedTuple):
     applying a batch twice would double its stores -- a retry, a replay that overlaps, a
     restarted router resuming from the index, or replicas sharing one index all apply a
     batch exactly once this way. ``fingerprint`` (crc32 of the payload) lets a restarted
-    router tell the same publisher from a new process that reuses the seq."""
+    router tell the same publisher from a new process that reuses the seq.
+
+    ``follows`` is the seq the writer applied before this one (``FOLLOWS_NOTHING`` right
+    after a clear): a newer batch whose predecessor is not the index's last one is
+    *deferred* (not applied, not recorded). Why: replicas share the index, and one that
+    cleared a worker rebuilds it from the publisher's oldest buffered batch; a live batch
+    another replica wrote in between would be recorded first and make the rebuild's older
+    batches look applied (and its removals would run before the stores they undo). The
+    replica rebuilding applies every batch in order, the deferred ones included."""
 
     rank: int
     seq: int
     fingerprint: int = 0
+    follows: int = FOLLOWS_ANY
+
+
+def seq_verdict(last: int | None, op: SeqOp) -> int:
+    """1 apply, 0 skip (applied already), -1 defer (see ``SeqOp``); ``last`` is the
+    rank's last recorded seq. The Redis script (``router.index.redis_lua``) has the same
+    rule."""
+    if last is not None and op.seq <= last:
+        return 0
+    f = op.follows
+    if f == FOLLOWS_ANY or f == (FOLLOWS_NOTHING if last is None else last):
+        return 1
+    return -1
 
 
 Op = StoreOp | RemoveOp | ClearOp | SeqOp
@@ -126,6 +153,10 @@ class ApplyResult:
     removed: int = 0
     removed_missing: int = 0
     skipped_batches: int = 0  # SeqOp segments already applied (not applied again)
+    deferred_batches: int = 0  # SeqOp segments that do not follow the index's last seq
+    # The rank's last recorded seq at the last deferral (-1: none): whether the index
+    # moves on while a writer's batches wait (``router.ingest.writer``).
+    deferred_at: int = -1
 
     def add(self, other: ApplyResult) -> None:
         self.stored += other.stored
@@ -133,6 +164,9 @@ class ApplyResult:
         self.removed += other.removed
         self.removed_missing += other.removed_missing
         self.skipped_batches += other.skipped_batches
+        self.deferred_batches += other.deferred_batches
+        if other.deferred_batches:
+            self.deferred_at = other.deferred_at
 
 
 class EngineSettings(msgspec.Struct, frozen=True, array_like=True):

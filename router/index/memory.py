@@ -39,6 +39,7 @@ from router.index.base import (
     SeqOp,
     StoreOp,
     WorkerState,
+    seq_verdict,
 )
 from router.index.memory_loops import remove_loop, store_loop
 from router.index.memory_read import MemoryReads
@@ -199,11 +200,15 @@ class MemoryIndex(MemoryReads):
                     continue
             if isinstance(op, SeqOp):
                 last = w.seqs.get(op.rank)
-                skip = last is not None and op.seq <= last[0]
-                if skip:
+                verdict = seq_verdict(None if last is None else last[0], op)
+                skip = verdict != 1
+                if verdict == 1:
+                    w.seqs[op.rank] = (op.seq, op.fingerprint)
+                elif verdict == 0:
                     res.skipped_batches += 1
                 else:
-                    w.seqs[op.rank] = (op.seq, op.fingerprint)
+                    res.deferred_batches += 1
+                    res.deferred_at = -1 if last is None else last[0]
                 continue
             if skip:
                 continue

@@ -60,7 +60,7 @@ from router.index.redis_codec import (
 )
 from router.index.redis_meta import MetaCache
 from router.index.redis_read import RedisReads
-from router.index.redis_stream import encoded_calls, stream_evalsha
+from router.index.redis_stream import StaleMappings, encoded_calls, read_replies, stream_evalsha
 
 __all__ = [
     "RedisIndex",
@@ -85,12 +85,6 @@ CLUSTER_SHARDS = 16
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
-
-
-class StaleMappings(IndexUnavailable):
-    """A batch was planned from cached mappings another router has voided (it cleared or
-    re-created the worker) and nothing of it was written: the writer retries, and the
-    new plan asks Redis (``IndexRetry``)."""
 
 
 class RedisIndex(RedisReads):
@@ -313,30 +307,17 @@ class RedisIndex(RedisReads):
             learned.clear()
             calls = list(encode())
             replies = await self._call(run)
-        for got in replies:
-            if isinstance(got, Exception):
-                raise got
-        stale = set()
-        for (worker_id, _, _), got in zip(items, replies, strict=True):
-            self._mappings.check_epoch(worker_id, got[5] or None if len(got) > 5 else None)
-            if len(got) > 6:  # refused: planned under an epoch another replica replaced
-                stale.add(worker_id)
-        for worker_id, bs, hashes, keys in learned:
-            if worker_id not in stale:
-                self._mappings.remember_lists(worker_id, bs, hashes, keys)
-        if stale:
-            # The other workers' writes went through; a retry skips them by their seqs.
-            raise StaleMappings(f"workers {sorted(stale)} changed by another router: replan")
-        return [ApplyResult(*(int(x) for x in got[:5])) for got in replies]
+        return read_replies(items, replies, learned, self._mappings)
 
     async def clear_worker(self, worker_id: str) -> None:
         self._mappings.forget(worker_id)
         prefix = self._prefix(worker_id)
         x = self._x(worker_id)
-        args = [prefix, self._ghost_cap, x, worker_id, f"3 {new_epoch()}".encode()]
+        # The recorded seqs go in the same call: a live batch another replica wrote
+        # between two calls would otherwise be applied, then forgotten.
+        args = [prefix, self._ghost_cap, x, worker_id, f"3 {new_epoch()} 1".encode()]
         got = await self._eval("APPLY", [prefix + "keys"], args)
         self._mappings.check_epoch(worker_id, got[5])
-        await self._call(lambda: self._r.unlink(prefix + "s"))
 
     async def save_registration(self, worker_id: str, spec: bytes) -> None:
         await self._call(lambda: self._r.hset(REGISTRATIONS_KEY, worker_id, spec))

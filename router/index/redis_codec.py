@@ -16,6 +16,7 @@ from typing import Any, cast
 import msgspec
 
 from router.index.base import (
+    FOLLOWS_ANY,
     BlockKey,
     ClearOp,
     EngineHash,
@@ -181,7 +182,8 @@ def apply_args(
     last: tuple[Any, Any, Any, Any] = (None, None, None, None)  # hashes, keys, their blobs
     for op in ops:
         if isinstance(op, SeqOp):
-            args.append(f"4 {op.rank} {op.seq} {op.fingerprint}".encode())
+            f = "" if op.follows == FOLLOWS_ANY else f" {op.follows}"
+            args.append(f"4 {op.rank} {op.seq} {op.fingerprint}{f}".encode())
             continue
         if isinstance(op, ClearOp):
             epoch = str(new_epoch()).encode()

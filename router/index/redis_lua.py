@@ -40,17 +40,19 @@ __all__ = ["APPLY", "BUMP", "FREE"]
 # of space-separated decimals:
 #   "1 group bs bit n hw nsib sib..." (store), then hashes, then keys
 #   "2 group bs bit n hw nsib sib..." (remove), then hashes
-#   "3 epoch" (clear; the worker's cache epoch becomes ``epoch``, see RedisIndex.resolve)
-#   "4 rank seq fingerprint" (a batch boundary: skip to the next if seq is not new;
-#   recorded after every other write of the call)
+#   "3 epoch [1]" (clear; the worker's cache epoch becomes ``epoch``, see
+#   RedisIndex.resolve; with 1 its recorded seqs go too, in the same call)
+#   "4 rank seq fingerprint [follows]" (a batch boundary: skip to the next if seq is not
+#   new, or if ``follows`` is not the rank's last seq: ``SeqOp``; recorded after every
+#   other write of the call)
 #   "5 epoch..." (only first: the worker's epoch must still be one of these, else nothing
 #   is written and the reply ends with 1 -- the client planned from stale cached mappings)
 # ``hashes`` is one blob of n encoded engine hashes of width hw, or (hw = 0) n separate
 # arguments; ``keys`` is one blob of n 8-byte keys. Each op costs a handful of
 # HMGET/HSET calls whatever its size: per-block redis.call overhead dominated before.
-# Returns {stored, stored_repeat, removed, removed_missing, skipped_batches, epoch}:
-# ``epoch`` is the worker's ``P..'meta'`` field after the call (replicas drop cached
-# mappings of a worker whose epoch another replica changed).
+# Returns {stored, stored_repeat, removed, removed_missing, skipped_batches, epoch, 0,
+# deferred_batches, deferred_at}: ``epoch`` is the worker's ``P..'meta'`` field after the
+# call (replicas drop cached mappings of a worker whose epoch another replica changed).
 APPLY = (
     APPLY_PRELUDE
     + r"""
@@ -69,7 +71,7 @@ end
 slot_code()
 local nargs = #ARGV
 local S = P .. 's'
-local skip, skipped = false, 0
+local skip, skipped, deferred, deferred_at = false, 0, 0, '-1'
 -- rank -> {seq, "seq:fingerprint"} of the last batch applied here, and the ranks in order
 local SEQ, ranks = {}, {}
 while i <= nargs do
@@ -85,19 +87,30 @@ while i <= nargs do
     -- A batch boundary: apply what follows only if this seq is new for the rank (read
     -- only). The seq is recorded last, once every write of the call went through: Redis
     -- keeps what a failing script wrote, so a batch noted first stayed "applied".
-    local r, last = hdr[2], nil
+    -- A newer seq whose predecessor (hdr[5], absent: any) is not the rank's last is
+    -- deferred: the replica that cleared the worker is rebuilding it in order
+    -- (router.index.base.seq_verdict, the same rule).
+    local r, last, lastraw = hdr[2], nil, nil
     if SEQ[r] then
-      last = SEQ[r][1]
+      last, lastraw = SEQ[r][1], SEQ[r][3]
     else
       local cur = redis.call('HGET', S, r)
-      if cur then last = tonumber(string.match(cur, '^(-?%d+)')) end
+      if cur then
+        lastraw = string.match(cur, '^(-?%d+)')
+        last = tonumber(lastraw)
+      end
     end
+    local f = hdr[5]
     skip = last ~= nil and tonumber(hdr[3]) <= last
     if skip then
       skipped = skipped + 1
+    elseif f ~= nil and f ~= '-2' and f ~= (lastraw or '-1') then
+      skip = true
+      deferred = deferred + 1
+      deferred_at = lastraw or '-1'
     else
       if not SEQ[r] then ranks[#ranks + 1] = r end
-      SEQ[r] = {tonumber(hdr[3]), hdr[3] .. ':' .. hdr[4]}
+      SEQ[r] = {tonumber(hdr[3]), hdr[3] .. ':' .. hdr[4], hdr[3]}
     end
   elseif skip then
     -- Consume the skipped op's arguments without running it.
@@ -124,6 +137,10 @@ while i <= nargs do
     redis.call('DEL', REV, P .. 'gs')
     added, kraw, has_copies, ghosts = {}, nil, {}, {}
     if hdr[2] then redis.call('HSET', P .. 'meta', 'epoch', hdr[2]) end
+    if hdr[3] == '1' then  -- a resync: the batches recorded go with the entries
+      redis.call('DEL', S)
+      SEQ, ranks = {}, {}
+    end
   else
     local g, bs, b = hdr[2], hdr[3], tonumber(hdr[4])
     local n, hw = tonumber(hdr[5]), tonumber(hdr[6])
@@ -394,6 +411,7 @@ if #ranks > 0 then  -- last: the batches' seqs (see op '4')
   end
   redis.call('HSET', S, unpack(kv))
 end
-return {stored, repeat_, removed, missing, skipped, redis.call('HGET', P .. 'meta', 'epoch')}
+return {stored, repeat_, removed, missing, skipped, redis.call('HGET', P .. 'meta', 'epoch'),
+  0, deferred, deferred_at}
 """
 )

@@ -26,7 +26,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from router.index.base import GroupMeta, Op
+from router.index.base import ApplyResult, GroupMeta, IndexUnavailable, Op
 from router.index.redis_cache import MappingCache
 from router.index.redis_codec import Learned, apply_args, worker_prefix
 
@@ -110,3 +110,35 @@ async def stream_evalsha(r: Any, sha: str, calls: Iterable[tuple[str, list[Any]]
         raise
     finally:
         await pool.release(conn)
+
+
+class StaleMappings(IndexUnavailable):
+    """A batch was planned from cached mappings another router has voided (it cleared or
+    re-created the worker) and nothing of it was written: the writer retries, and the
+    new plan asks Redis (``IndexRetry``)."""
+
+
+def read_replies(
+    items: Sequence[tuple[str, Any, Any]],
+    replies: Sequence[Any],
+    learned: list[Learned],
+    mappings: MappingCache,
+) -> list[ApplyResult]:
+    """The ``APPLY`` replies of a stream (format: ``router.index.redis_lua``): epochs
+    checked, the mappings learned cached once Redis took their write, each call's
+    result; ``StaleMappings`` if a call was refused."""
+    for got in replies:
+        if isinstance(got, Exception):
+            raise got
+    stale = set()
+    for (worker_id, _, _), got in zip(items, replies, strict=True):
+        mappings.check_epoch(worker_id, got[5] or None if len(got) > 5 else None)
+        if len(got) > 6 and int(got[6]):  # refused: planned under a replaced epoch
+            stale.add(worker_id)
+    for worker_id, bs, hashes, keys in learned:
+        if worker_id not in stale:
+            mappings.remember_lists(worker_id, bs, hashes, keys)
+    if stale:
+        # The other workers' writes went through; a retry skips them by their seqs.
+        raise StaleMappings(f"workers {sorted(stale)} changed by another router: replan")
+    return [ApplyResult(*(int(got[i]) for i in (0, 1, 2, 3, 4, 7, 8))) for got in replies]

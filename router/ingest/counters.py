@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from schemas.counters import CounterSet
+
+if TYPE_CHECKING:
+    from router.index.base import ApplyResult
 
 
 @dataclass
@@ -36,7 +40,19 @@ class IngestCounters(CounterSet):
     hash_unit_changes: int = 0  # a smaller block size showed the learned unit was wrong
     worker_clears: int = 0  # clear_worker calls (resyncs)
     batches_skipped: int = 0  # batches the index had applied already (seq guard)
+    # batches left to the router rebuilding the worker: not after the index's last seq
+    batches_deferred: int = 0
     reannounced_blocks: int = 0  # kv_cache_report_mode "full" re-announcements (no copy)
+
+    def count_applied(self, result: ApplyResult) -> bool:
+        """Add what one index write did; True when it deferred batches."""
+        self.blocks_stored += result.stored
+        self.blocks_stored_repeat += result.stored_repeat
+        self.blocks_removed += result.removed
+        self.blocks_removed_missing += result.removed_missing
+        self.batches_skipped += result.skipped_batches
+        self.batches_deferred += result.deferred_batches
+        return result.deferred_batches > 0
 
 
 @dataclass

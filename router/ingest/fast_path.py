@@ -156,8 +156,8 @@ def _takes(state: WorkerState) -> bool:
 
 
 def first_apart(
-    state: WorkerState, batch: KVEventBatch, marks: Sequence[tuple[int, int, int, int]]
-) -> list[tuple[KVEventBatch, Sequence[tuple[int, int, int, int]]]]:
+    state: WorkerState, batch: KVEventBatch, marks: Sequence[tuple[int, ...]]
+) -> list[tuple[KVEventBatch, Sequence[tuple[int, ...]]]]:
     """``batch`` as the pieces to plan, in order: whole, or - while the worker's hash mode
     is unknown (the fast path waits for it) and ``batch`` merges several published
     batches (``marks``) - the first published batch, then the rest. The general path
@@ -180,7 +180,7 @@ async def plan_simple(
     state: WorkerState,
     batch: KVEventBatch,
     known: dict[EngineHash, BlockKey],
-    marks: Sequence[tuple[int, int, int, int]],
+    marks: Sequence[tuple[int, ...]],
     pend: PendingPartials,
     recent: deque[tuple[Any, Sequence[BlockKey]]],
     ops: list[Op],

@@ -68,8 +68,9 @@ log = logging.getLogger(__name__)
 
 RECENT_RANGES = 64
 
-# (index of the batch's first event in a merged batch, DP rank, seq, payload crc32)
-SeqMark = tuple[int, int, int, int]
+# (index of the batch's first event in a merged batch, DP rank, seq, payload crc32[,
+# the seq the writer applied before it: ``SeqOp.follows``])
+SeqMark = tuple[int, ...]
 
 
 class Ingestor:
@@ -198,20 +199,22 @@ class Ingestor:
 
     async def apply_batch(
         self, worker_id: str, batch: KVEventBatch, marks: Sequence[SeqMark] = ()
-    ) -> None:
+    ) -> dict[str, int]:
         """Apply a batch's events in order; problems are counted, never raised.
 
-        ``marks`` are the (first event index, rank, seq, fingerprint) of the published
-        batches merged into ``batch``: the index applies each one at most once."""
-        await self.apply_batches([(worker_id, batch, marks)])
+        ``marks`` are the ``SeqMark``s of the published batches merged into ``batch``:
+        the index applies each one at most once. Returns ``apply_batches``' answer."""
+        return await self.apply_batches([(worker_id, batch, marks)])
 
     async def apply_batches(
         self, items: Sequence[tuple[str, KVEventBatch] | tuple[str, KVEventBatch, Any]]
-    ) -> None:
+    ) -> dict[str, int]:
         """Apply several batches (any workers) in order with one backend write call.
 
         For Redis that is one pipelined round trip for all of them, so a subscriber that
-        drains what it has received so far overlaps its work with the server's.
+        drains what it has received so far overlaps its work with the server's. Returns,
+        per worker some of whose batches the index deferred (``SeqOp.follows``), the
+        position it showed (``ApplyResult.deferred_at``).
         """
         plans: list[tuple[str, dict[int, GroupMeta], list[Op]]] = []
         carried: dict[str, dict[EngineHash, BlockKey]] = {}
@@ -230,16 +233,15 @@ class Ingestor:
                 if ops:
                     plans.append((worker_id, groups, ops))
         if not plans:
-            return
-        c = self.counters
-        for result in await self.index.apply_many(plans):
-            c.blocks_stored += result.stored
-            c.blocks_stored_repeat += result.stored_repeat
-            c.blocks_removed += result.removed
-            c.blocks_removed_missing += result.removed_missing
-            c.batches_skipped += result.skipped_batches
+            return {}
+        deferred: dict[str, int] = {}
+        results = await self.index.apply_many(plans)
+        for (worker_id, _, _), result in zip(plans, results, strict=True):
+            if self.counters.count_applied(result):
+                deferred[worker_id] = result.deferred_at
         if cleared:
             self._clears.report(self.on_clear, cleared)
+        return deferred
 
     def _kind(self, state: WorkerState, ev: BlockStored) -> str:
         if ev.kv_cache_spec_kind:
@@ -320,8 +322,9 @@ class Ingestor:
         clears: list[ClearMark] = []
         for i, ev in enumerate(batch.events):
             while pending and pending[-1][0] <= i:
-                mark = pending.pop()[1:]
-                ops.append(SeqOp(*mark))
+                m = pending.pop()
+                ops.append(SeqOp(*m[1:]))
+                mark = (m[1], m[2], m[3])
             ops += fixes.get(i, ())  # copies a recompute was denied (router.ingest.recomputes)
             if isinstance(ev, BlockStored):
                 c.events_stored += 1

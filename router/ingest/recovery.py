@@ -355,6 +355,19 @@ class RecoveryMixin:
         if self._writer.failed:
             self._writer.failed = False
             self._fault()
+        self._check_deferred()
+
+    def _check_deferred(self) -> None:
+        """A shared index keeps deferring this worker's batches without moving on: the
+        router that cleared the worker to rebuild it stopped midway (``SeqOp.follows``),
+        and only a rebuild here puts the history back in order."""
+        limit = self._settings.index_defer_max_s
+        waited = self._writer.deferred_for()
+        if limit and waited > limit and self._resync_why is None:
+            self.request_resync(
+                f"the shared index stood still for {waited:.0f}s behind this router's "
+                "position (another router's rebuild of the worker stopped)"
+            )
 
     def _fault(self) -> None:
         self.faulted = True

@@ -273,6 +273,7 @@ class WorkerSubscription(RecoveryMixin):
                     self._check_silent()
                     await self._refetch_undecodable()
                     await self._check_tail()
+                    self._check_deferred()
                     continue
             except zmq.ZMQError as exc:  # socket closed under us: stop quietly
                 log.debug("worker %s SUB socket error: %s", self.worker_id, exc)

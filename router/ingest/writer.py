@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from router.config import RouterSettings
-from router.index.base import IndexUnavailable
+from router.index.base import FOLLOWS_NOTHING, IndexUnavailable
 from router.logging_setup import event_extra
 from router.ratelimited_log import RateLimitedLog
 from schemas import KVEventBatch
@@ -127,6 +127,10 @@ class IndexWriter:
         # the index, so their seqs are not recorded and the worker must be resynced.
         self.failed = False
         self.clear_failed = False
+        # Since when the index has deferred this writer's batches without moving on
+        # (``SeqOp.follows``), and the rank position it showed then.
+        self._deferred_since: float | None = None
+        self._deferred_at = -1
 
     async def stage(self, rank: int, seq: int, batch: KVEventBatch, fingerprint: int = 0) -> None:
         """Queue ``batch``; writes when enough events are staged (else at ``flush``)."""
@@ -142,8 +146,11 @@ class IndexWriter:
         self._staged, self._staged_events = [], 0
         marks = []
         offset = 0
+        before = dict(self.written)  # each batch names its predecessor (SeqOp.follows)
         for rank, seq, fp, b in staged:
-            marks.append((offset, rank, seq, fp))
+            follows = before.get(rank, FOLLOWS_NOTHING)
+            marks.append((offset, rank, seq, fp, follows))
+            before[rank] = max(seq, follows)
             offset += len(b.events)
         if len(staged) == 1:
             merged = staged[0][3]
@@ -151,14 +158,30 @@ class IndexWriter:
             last = staged[-1][3]
             events = [e for *_, b in staged for e in b.events]
             merged = KVEventBatch(last.ts, events, last.data_parallel_rank)
-        apply = self._ingestor.apply_batch
-        if not await self.retry.call(apply, self.worker_id, merged, marks):
+        got: dict[str, int] = {}
+
+        async def write() -> None:
+            got.update(await self._ingestor.apply_batch(self.worker_id, merged, marks))
+
+        if not await self.retry.call(write):
             self.failed = True
             return
         self._counters.batches += len(staged)
         self._counters.events += n_events
         for rank, seq, _, _ in staged:
-            self.written[rank] = seq
+            self.written[rank] = max(seq, self.written.get(rank, seq))
+        deferred = got.get(self.worker_id)
+        if deferred is None:
+            self._deferred_since = None
+        elif self._deferred_since is None or deferred != self._deferred_at:
+            self._deferred_since, self._deferred_at = time.monotonic(), deferred
+
+    def deferred_for(self) -> float:
+        """How long the index has deferred this writer's batches while standing still
+        at one position (0 when it has not): another router that cleared the worker and
+        rebuilds it should move it on; if it stopped midway, nothing does."""
+        since = self._deferred_since
+        return 0.0 if since is None else time.monotonic() - since
 
     async def persisted_seqs(self) -> dict[int, tuple[int, int]]:
         """Per rank, the last (seq, fingerprint) the index recorded for this worker."""
@@ -184,5 +207,6 @@ class IndexWriter:
         """Write what is staged, then drop every entry of the worker."""
         await self.flush()
         self.written.clear()
+        self._deferred_since = None
         if not await self.retry.call(self._ingestor.clear_worker, self.worker_id):
             self.clear_failed = True

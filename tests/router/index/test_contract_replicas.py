@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from _kv_streams import EventSource, Harness, cleared, new_index, tokens, wire
 
+from router.index.base import IndexUnavailable
+
 W = "w1"
 BS = 16
 
@@ -206,3 +208,48 @@ async def test_a_stream_replanned_after_another_replica_applied_its_clear_goes_t
     assert await b.load_seqs(W) == {0: (2, 8)}
     await a.close()
     await b.close()
+
+
+async def test_a_rebuild_is_not_overtaken_by_another_replicas_live_batch(
+    make_harness: Any, backend_kind: str
+) -> None:
+    """Replica A clears the worker to rebuild it from the publisher's oldest batch;
+    replica B, which did not clear, writes the next live batch meanwhile. Recorded first,
+    B's seq made every batch of A's rebuild look applied (the history stayed missing),
+    and its removal ran before the store it undoes. The index defers a batch whose
+    predecessor is not the rank's last seq (``SeqOp.follows``); A applies it in order."""
+    a = make_harness()
+    b = Harness.build(a.index) if backend_kind == "memory" else make_harness()
+    src = EventSource()
+    toks = tokens(4 * BS + 1)
+    stream = [  # (seq, batch): blocks 0-1, blocks 2-3, block 3 removed
+        (0, wire(src.store(toks, BS, 0, 2))),
+        (1, wire(src.store(toks, BS, 2, 4))),
+        (2, wire(src.remove(toks, BS, [3]))),
+    ]
+
+    async def write(h: Harness, seq: int, follows: int) -> dict[str, int]:
+        mark = [(0, 0, seq, seq, follows)]
+        try:
+            return await h.ingestor.apply_batch(W, stream[seq][1], mark)
+        except IndexUnavailable:  # StaleMappings: planned before the clear; the writer replans
+            return await h.ingestor.apply_batch(W, stream[seq][1], mark)
+
+    for h in (a, b):
+        assert await write(h, 0, -1) == {} and await write(h, 1, 0) == {}
+    await a.ingestor.clear_worker(W)
+    assert await write(b, 2, 1) == {W: -1}  # deferred: the index holds no seq now
+    assert (await a.one(toks, W)).hit_tokens == 0  # and nothing of it was applied
+    for seq, follows in ((0, -1), (1, 0), (2, 1)):  # A's rebuild, in order
+        assert await write(a, seq, follows) == {}
+    assert (await a.one(toks, W)).hit_tokens == 3 * BS
+    keys = await a.index.resolve(W, BS, src.hashes(toks, BS)[:3])
+    assert await a.index.copies(W, 0, [k for k in keys if k is not None]) == [1, 1, 1]
+    assert await a.index.load_seqs(W) == {0: (2, 2)}
+    assert b.ingestor.counters.batches_deferred == 1
+    # Caught up: B's next batch follows the index's last seq and is applied.
+    await b.ingestor.apply_batch(W, wire(src.remove(toks, BS, [2])), [(0, 0, 3, 3, 2)])
+    assert (await a.one(toks, W)).hit_tokens == 2 * BS
+    # A batch that names no predecessor (a 4-field mark) keeps the plain rule.
+    await b.ingestor.apply_batch(W, wire(src.remove(toks, BS, [1])), [(0, 0, 9, 9)])
+    assert (await a.one(toks, W)).hit_tokens == BS

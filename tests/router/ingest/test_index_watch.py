@@ -7,7 +7,7 @@ restart without persistence leaves), and a second router starts on the same Redi
 from __future__ import annotations
 
 import redis
-from _helpers import FakeEngine, batch, hits, store_chain, wait_until
+from _helpers import FakeEngine, batch, chain, hits, store_chain, wait_until
 
 from router.config import RouterSettings, WorkerSpec
 from router.service import RouterService
@@ -138,3 +138,69 @@ async def test_a_worker_removed_on_one_replica_stays_removed_on_the_other(
             await b.stop()
         await a.stop()
         await other.close()
+
+
+async def test_a_rebuild_another_router_left_midway_is_redone_here(
+    redis_url: str, engine: FakeEngine
+) -> None:
+    """Another router cleared the worker (to rebuild it) and stopped before writing
+    anything: this router's live batches follow a seq the index no longer holds, so the
+    index defers them (``SeqOp.follows``) and nobody moves it on. After
+    ``index_defer_max_s`` of that, this router rebuilds the worker itself."""
+    from router.index import make_index
+
+    svc = RouterService(settings(redis_url).model_copy(update={"index_defer_max_s": 0.3}))
+    await svc.start()
+    other = make_index("redis", redis_url)
+    try:
+        await svc.add_worker(WorkerSpec(**engine.spec("w0")))
+        await engine.wait_subscribed()
+        await engine.publish(batch(store_chain(0)))
+        await wait_until(lambda: hits(svc, "w0", 0), what="chain 0 indexed")
+        await other.clear_worker("w0")  # the other router's clear; then it is gone
+        await engine.publish(batch(store_chain(1)))
+
+        async def both() -> bool:
+            return [await hits(svc, "w0", i) for i in range(2)] == [8, 8]
+
+        await wait_until(both, what="both chains rebuilt by this router")
+        assert svc.ingestor.counters.batches_deferred >= 1
+        assert (await svc.worker_info("w0")).resyncs == 1
+    finally:
+        await other.close()
+        await svc.stop()
+
+
+async def test_two_routers_keep_one_exact_index_while_one_rebuilds(
+    redis_url: str, engine: FakeEngine
+) -> None:
+    """Two routers ingest one engine into one Redis; one clears and rebuilds the worker
+    while the engine keeps publishing and the other keeps writing. Every chain ends up
+    indexed once (one copy per block), and the router that did not clear never has to."""
+    routers = [RouterService(settings(redis_url)) for _ in range(2)]
+    for svc in routers:
+        await svc.start()
+    try:
+        subs = []
+        for svc in routers:
+            await svc.add_worker(WorkerSpec(**engine.spec("w0")))
+            subs.append(svc.subscriptions.get("w0"))
+        await engine.wait_subscribed(2)
+        for i in range(20):
+            await engine.publish(batch(store_chain(i)))
+        await wait_until(lambda: all(s.last_seq.get(0) == 19 for s in subs), what="seq 19")
+        subs[0].request_resync("a test")
+        for i in range(20, 40):
+            await engine.publish(batch(store_chain(i)))
+        await wait_until(
+            lambda: all(s.last_seq.get(0) == 39 and not s.syncing for s in subs),
+            what="both routers at seq 39",
+        )
+        for svc in routers:
+            assert [await hits(svc, "w0", i) for i in range(40)] == [8] * 40
+            keys = await svc.index.resolve("w0", 4, [h for i in range(40) for h in chain(i)[0]])
+            assert await svc.index.copies("w0", 0, keys) == [1] * 80
+        assert [s.counters.resyncs for s in subs] == [1, 0]
+    finally:
+        for svc in routers:
+            await svc.stop()
