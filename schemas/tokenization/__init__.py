@@ -9,14 +9,15 @@ Token-id prompts pass through untouched. ``tokenizers`` + ``jinja2`` cost a frac
 ``transformers``' import time and no torch.
 
 For chat, what vLLM 0.33's OpenAI server does between a request and its prompt token ids
-is mirrored for text-only requests and templates that take string content, one stage a
-module: ``request`` (the ``ChatCompletionRequest`` validators and
-``OnlineRenderer.render_chat``'s checks), ``messages`` (message parsing,
-vllm/renderers/chat_utils/chat_message.py), ``tokenizer`` (``safe_apply_chat_template``,
-vllm/renderers/hf.py, and transformers 5's ``apply_chat_template`` under it) in
-``template_env`` (transformers' jinja2 sandbox); ``loading`` reads the tokenizer directory,
-``completions`` handles completion prompts, ``registry`` maps models to tokenizers. Held
-to recordings of vLLM's own code: tests/fixtures/vllm-chat/recording.json.
+is mirrored for text-only requests, one stage a module: ``request`` (the
+``ChatCompletionRequest`` validators and ``OnlineRenderer.render_chat``'s checks),
+``content_format`` (whether the template takes content as a string or as a list of parts),
+``messages`` (message parsing, vllm/renderers/chat_utils/chat_message.py), ``tokenizer``
+(``safe_apply_chat_template``, vllm/renderers/hf.py, and transformers 5's
+``apply_chat_template`` under it) in ``template_env`` (transformers' jinja2 sandbox);
+``loading`` reads the tokenizer directory, ``completions`` handles completion prompts,
+``registry`` maps models to tokenizers. Held to recordings of vLLM's own code:
+tests/fixtures/vllm-chat/recording.json.
 """
 
 from schemas.tokenization.completions import completion_tokens

@@ -1,8 +1,9 @@
-"""A chat request's ``messages`` as vLLM 0.33 hands them to a template that takes string
-content (vllm/renderers/chat_utils/chat_message.py): content parts to text, tool calls
-rebuilt, reasoning kept; then what ``safe_apply_chat_template`` and transformers do to the
-conversation (developer -> system, reasoning aliases). Apart from the request's other
-fields: the conversation has its own shape and its own vLLM source, and the template call
+"""A chat request's ``messages`` as vLLM 0.33 hands them to the template
+(vllm/renderers/chat_utils/chat_message.py): content as a string or as a list of parts,
+as the template's content format asks (``content_format``), tool calls rebuilt, reasoning
+kept; then what ``safe_apply_chat_template`` and transformers do to the conversation
+(developer -> system, reasoning aliases). Apart from the request's other fields: the
+conversation has its own shape and its own vLLM source, and the template call
 (``tokenizer``) applies the last two steps once it knows the template."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from schemas.tokenization.content_format import ContentFormat
 from schemas.tokenization.errors import NotTokenizable, TokenizationError
 
 _TEXT_PARTS = {  # content part type -> the key holding its text
@@ -34,14 +36,24 @@ _MEDIA_PARTS = frozenset(
         "video_url",
     }
 )
+# Every field vLLM's content part types name; an "openai" template sees a text part's
+# other fields (``cache_control``...) beside its "type" and "text".
+_PART_FIELDS = frozenset(
+    {
+        *("type", "text", "refusal", "thinking", "closed", "name", "uuid", "data", "file"),
+        *("image_url", "image_pil", "image_embeds", "audio_url", "audio_embeds"),
+        *("input_audio", "video_url", "video_embeds", "prompt_cache_breakpoint"),
+    }
+)
 _BILLING_HEADER = "x-anthropic-billing-header"
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
-def _part_text(part: Any) -> str:
-    """One content part's text, as vLLM's parser returns it for string-content templates."""
+def _read_part(part: Any) -> tuple[str, str | None]:
+    """One content part as vLLM's parser reads it: ("text", its text) for the text kinds,
+    ("tool_reference", the tool's name or None); media parts are ``NotTokenizable``."""
     if isinstance(part, str):
-        return part
+        return "text", part
     if not isinstance(part, Mapping):
         raise TokenizationError("a content part must be an object or a string")
     kind = part.get("type")
@@ -58,39 +70,69 @@ def _part_text(part: Any) -> str:
         text = part.get(_TEXT_PARTS[kind])
         if not isinstance(text, str):
             raise TokenizationError(f"a {kind!r} content part needs a string {_TEXT_PARTS[kind]!r}")
-        return text
+        return "text", text
     if kind == "tool_reference":  # a deferred tool's name, passed through as text
         name = part.get("name")
         if name is not None and not isinstance(name, str):
             raise TokenizationError("a 'tool_reference' content part needs a string 'name'")
-        return name or ""
+        return kind, name
     if kind in _MEDIA_PARTS:
         raise NotTokenizable(f"a {kind!r} content part")
     raise TokenizationError(f"Unsupported chat content part type: {kind!r}.")
 
 
-def _text_of(content: Any, role: str = "user") -> str:
-    """A message's content as vLLM hands it to a string-content template: a string, or
-    the non-empty texts of its parts joined with "\\n" (empty ones are skipped). A system
-    message's text parts lose a leading Claude Code ``x-anthropic-billing-header`` line
-    (vLLM drops it: its value changes on every request). Only an assistant (or function)
-    message may have null content, which is ""."""
+def _without_billing_header(parts: list[Any]) -> list[Any]:
+    """A system message's parts less the leading Claude Code ``x-anthropic-billing-header``
+    line of each plain text part (vLLM drops it: its value changes on every request); a
+    part that was only that line goes."""
+    out = []
+    for part in parts:
+        plain = isinstance(part, str) or (isinstance(part, Mapping) and part.get("type") == "text")
+        text = part if isinstance(part, str) else part.get("text") if plain else None
+        if not (isinstance(text, str) and text.startswith(_BILLING_HEADER)):
+            out.append(part)
+            continue
+        rest = text.partition("\n")[2]
+        if rest:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
+
+
+def _content(content: Any, role: str, content_format: ContentFormat) -> str | list[dict[str, Any]]:
+    """A message's content as vLLM hands it to the template. For a "string" template: a
+    string, or the non-empty texts of its parts joined with "\\n". For an "openai" one: a
+    list of parts, a string being one part; text kinds become ``{"type": "text", "text",
+    ...}`` keeping the fields vLLM's part types do not name (empty texts kept), a tool
+    reference ``{"type": "tool_reference", "name"}``. Only an assistant (or function)
+    message may have null content, which is no parts."""
     if content is None:
-        if role in ("assistant", "function"):
-            return ""
-        raise TokenizationError(f"a {role!r} message's content must not be null")
+        if role not in ("assistant", "function"):
+            raise TokenizationError(f"a {role!r} message's content must not be null")
+        content = []
     parts = [content] if isinstance(content, str) else content
     if not isinstance(parts, list):
         raise TokenizationError("message content must be a string or a list of parts")
-    texts = []
+    if role == "system":
+        parts = _without_billing_header(parts)
+    texts: list[str] = []
+    wrapped: list[dict[str, Any]] = []
     for part in parts:
-        text = _part_text(part)
-        plain = isinstance(part, str) or part.get("type") == "text"
-        if role == "system" and plain and text.startswith(_BILLING_HEADER):
-            text = text.partition("\n")[2]
-        if text:
-            texts.append(text)
-    return "\n".join(texts)
+        kind, text = _read_part(part)
+        if content_format == "string":
+            if text:
+                texts.append(text)
+        elif kind == "tool_reference":
+            wrapped.append({"type": kind, "name": text})
+        else:
+            extra = {} if isinstance(part, str) else part
+            kept = {k: v for k, v in extra.items() if k not in _PART_FIELDS}
+            wrapped.append({"type": "text", "text": text, **kept})
+    return "\n".join(texts) if content_format == "string" else wrapped
+
+
+def _all_text(parts: list[dict[str, Any]]) -> bool:
+    """Whether a tool message's parts are all text (vLLM then makes them one string)."""
+    return all(part["type"] == "text" for part in parts)
 
 
 def _arguments(arguments: str) -> dict[str, Any]:
@@ -142,14 +184,18 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]]:
     return out
 
 
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """The conversation vLLM 0.33 builds from a request's ``messages`` for a template that
-    takes string content (``parse_chat_messages``): every message is rebuilt from its
-    ``role`` and text content, plus, where given, an assistant's ``tool_calls`` and
-    reasoning (``reasoning``, else the older ``reasoning_content``; the template gets both
-    names), a tool message's ``tool_call_id``, a string ``name`` or ``task``, and a
+def normalize_messages(
+    messages: Any, content_format: ContentFormat = "string"
+) -> list[dict[str, Any]]:
+    """The conversation vLLM 0.33 builds from a request's ``messages`` for a template of
+    ``content_format`` (``parse_chat_messages``): every message is rebuilt from its
+    ``role`` and content (``_content``), plus, where given, an assistant's ``tool_calls``
+    and reasoning (``reasoning``, else the older ``reasoning_content``; the template gets
+    both names), a tool message's ``tool_call_id``, a string ``name`` or ``task``, and a
     developer message's ``tools``. Any other field is dropped. A message without content
-    has ""."""
+    has none ("" or no parts). A tool message's parts, when all are text, are one string
+    (their texts joined with "\\n", empty ones too): most templates print a tool result
+    as a string."""
     if not isinstance(messages, list):
         raise TokenizationError("'messages' must be a list of messages")
     if not messages:
@@ -161,7 +207,9 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise TokenizationError("every message needs a string 'role'")
         role = m["role"]
-        content = _text_of(m["content"], role) if "content" in m else ""
+        content = _content(m.get("content", []), role, content_format)
+        if role == "tool" and isinstance(content, list) and _all_text(content):
+            content = "\n".join(part["text"] for part in content)
         msg: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant":
             calls = _tool_calls(m.get("tool_calls"))
@@ -195,7 +243,8 @@ def _developer_as_system(conversation: list[dict[str, Any]], template: str) -> l
     """vLLM's ``safe_apply_chat_template`` for a template that never names the
     "developer" role: developer messages become system ones (without their ``tools``), and
     then all system messages merge into one, first, their non-empty contents joined with a
-    blank line - unless there is just one and it is already first."""
+    blank line - unless there is just one and it is already first. A content given as
+    parts counts as their texts joined with "\\n" (the merged content is a string)."""
     if not any(m["role"] == "developer" for m in conversation):
         return conversation
     if '"developer"' in template or "'developer'" in template:
@@ -214,8 +263,11 @@ def _developer_as_system(conversation: list[dict[str, Any]], template: str) -> l
             others.append(m)
             continue
         merge = merge or i > 0 or bool(contents)
-        if m["content"]:
-            contents.append(m["content"])
+        content = m["content"]
+        if isinstance(content, list):
+            content = "\n".join(part["text"] for part in content if "text" in part)
+        if content:
+            contents.append(content)
     if not merge:
         return converted
     return [{"role": "system", "content": "\n\n".join(contents)}, *others]

@@ -7,9 +7,10 @@ messages and from the template call: this is the request model, not the renderin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from schemas.tokenization.content_format import ContentFormat
 from schemas.tokenization.errors import TokenizationError
 from schemas.tokenization.messages import normalize_messages
 
@@ -162,9 +163,12 @@ def _template_kwargs(
 
 def parse_chat_request(
     body: Mapping[str, Any],
+    content_format: Callable[[Any], ContentFormat] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """(the conversation, the template's arguments, the request's ``add_special_tokens``)
-    for a chat request ``body``; ``TokenizationError`` where vLLM refuses it."""
+    for a chat request ``body``; ``TokenizationError`` where vLLM refuses it. The messages
+    take the content format ``content_format`` gives for the template's ``tools`` argument
+    (it picks the template, as in vLLM); without it, "string"."""
     if not isinstance(body, Mapping):
         raise TokenizationError("the request body must be an object")
     # ChatCompletionRequest's field types and validators.
@@ -197,6 +201,7 @@ def parse_chat_request(
     # OnlineRenderer.validate_chat_template (no --trust-request-chat-template).
     if chat_template is not None or (user or {}).get("chat_template") is not None:
         raise TokenizationError(_UNTRUSTED_TEMPLATE)
-    conversation = normalize_messages(body.get("messages"))
     kwargs = _template_kwargs(user or {}, fields, tools)
+    fmt = "string" if content_format is None else content_format(kwargs.get("tools"))
+    conversation = normalize_messages(body.get("messages"), fmt)
     return conversation, kwargs, add_special_tokens

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
+from schemas.tokenization.content_format import ContentFormat, detect_content_format
 from schemas.tokenization.errors import NotTokenizable, TokenizationError
 from schemas.tokenization.loading import read_chat_templates, read_config, resolve_tokenizer_path
 from schemas.tokenization.messages import _developer_as_system, _with_reasoning_aliases
@@ -47,6 +48,7 @@ class ModelTokenizer:
         self.chat_template: str | None
         self.chat_templates, self.chat_template = read_chat_templates(self.path, self.config)
         self._compiled: dict[str, Any] = {}
+        self._formats: dict[str, ContentFormat] = {}
 
     @cached_property
     def _env(self) -> Any:
@@ -77,6 +79,19 @@ class ModelTokenizer:
         if self.chat_template is None:
             raise TokenizationError(f"the tokenizer at {self.path} has no chat template")
         return self.chat_template
+
+    def content_format(self, tools: Any = None) -> ContentFormat:
+        """The content format of the template a request with template argument ``tools``
+        renders with (vLLM's ``--chat-template-content-format auto``), once per template.
+        "string" when no template resolves (the render then fails, as in vLLM)."""
+        try:
+            template = self._template_for(tools)
+        except TokenizationError:
+            return "string"
+        fmt = self._formats.get(template)
+        if fmt is None:
+            fmt = self._formats[template] = detect_content_format(template, self._env)
+        return fmt
 
     def _compile(self, template: str) -> Any:
         compiled = self._compiled.get(template)
@@ -122,7 +137,7 @@ class ModelTokenizer:
 
     def _prompt(self, body: Mapping[str, Any]) -> tuple[str, bool]:
         """(prompt text, whether the tokenizer adds its special tokens to it)."""
-        conversation, kwargs, add_special_tokens = parse_chat_request(body)
+        conversation, kwargs, add_special_tokens = parse_chat_request(body, self.content_format)
         text = self._apply_chat_template(conversation, kwargs)
         if kwargs.get("tokenize"):  # transformers tokenized it: no special tokens added
             if any(kwargs.get(k) for k in _TOKENIZER_ARGS):
@@ -195,13 +210,13 @@ class ModelTokenizer:
         chat = [_with_reasoning_aliases(m) for m in chat]
         final = ""
         if continue_final:
-            final = chat[-1]["content"]
             if "content" not in template:
                 raise TokenizationError(
                     'continue_final_message is set to "content" but this is not an accepted '
                     "field in the chat_template"
                 )
-            chat[-1] = {**chat[-1], "content": final + _CONTINUE_TAG}
+            final, continued = _continued(chat[-1]["content"])
+            chat[-1] = {**chat[-1], "content": continued}
         compiled = self._compile(template)
         try:
             text = str(
@@ -229,3 +244,21 @@ class ModelTokenizer:
             keeps_spacing = text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG
             text = text[:at] if keeps_spacing else text[:at].rstrip()
         return text
+
+
+def _continued(content: str | list[dict[str, Any]]) -> tuple[str, Any]:
+    """(the text the render must end in, the final message's content tagged where it
+    ends), as transformers continues a final message: a string gets the tag; of a list of
+    parts, the last one with a "text" does (there must be one)."""
+    if isinstance(content, str):
+        return content, content + _CONTINUE_TAG
+    parts = list(content)
+    for i in reversed(range(len(parts))):
+        if "text" in parts[i]:
+            text = parts[i]["text"]
+            parts[i] = {**parts[i], "text": text + _CONTINUE_TAG}
+            return text, parts
+    raise TokenizationError(
+        "continue_final_message is set but we could not find any text to continue in the "
+        "final message!"
+    )

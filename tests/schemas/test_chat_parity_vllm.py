@@ -5,8 +5,11 @@ The expected answers were recorded from vLLM's own request -> prompt path
 (``ChatCompletionRequest`` -> ``OnlineRenderer.render_chat`` -> transformers'
 ``apply_chat_template``) by tests/schemas/parity/record_vllm_chat.py
 (``make record-chat-parity``) into tests/fixtures/vllm-chat/recording.json, on
-kvroute-tiny and on a second template that renders tools, documents, thinking flags, tool
-calls and every message field; replayed here without vLLM.
+kvroute-tiny, on a second template that renders tools, documents, thinking flags, tool
+calls and every message field, on named templates, and on a template that loops over
+content parts (vLLM passes it content as a list of parts) with a "tool_use" one that takes
+strings; replayed here without vLLM (the content format detection itself:
+test_chat_content_format.py).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ SAME_MESSAGE = {
     "tiny-kwargs-sanitize-control-tokens",
     "tiny-kwargs-assistant-mask",
     "tiny-empty-messages",
+    "parts-continue-final-no-text",
 }
 
 _tokenizers: dict[str, ModelTokenizer] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from chat_case_parts import CLOCK, HI, WEATHER, case
+from chat_cases_content import CONTENT_CASES
 from chat_cases_tools import TOOLS_CASES
 
 # name -> tokenizer directory, relative to the repository root.
@@ -18,6 +19,7 @@ TOKENIZERS = {
     "tiny": "router/proxy/data/tiny",
     "tools": "tests/fixtures/vllm-chat/tools-tokenizer",
     "named": "tests/fixtures/vllm-chat/named-tokenizer",
+    "parts": "tests/fixtures/vllm-chat/parts-tokenizer",
 }
 
 TINY_CASES: list[dict[str, Any]] = [
@@ -182,4 +184,4 @@ NAMED_CASES: list[dict[str, Any]] = [
     case("named-namespace-underscore", "named", messages=[{"role": "secret", "content": "b"}]),
 ]
 
-CASES: list[dict[str, Any]] = [*TINY_CASES, *TOOLS_CASES, *NAMED_CASES]
+CASES: list[dict[str, Any]] = [*TINY_CASES, *TOOLS_CASES, *NAMED_CASES, *CONTENT_CASES]

@@ -2,19 +2,25 @@
 refusal, so ``schemas.tokenization.ModelTokenizer.encode_chat`` can be held to them.
 
 This is the driver; the request bodies are data beside it (``CASES`` in chat_cases.py,
-built from chat_cases_tools.py and chat_case_parts.py). Each body goes through vLLM's own
-code, as ``POST /v1/chat/completions`` does: the ``ChatCompletionRequest`` pydantic model
-(its validators), then ``OnlineRenderer.render_chat`` (tool-choice checks, ``tool_dicts`` from
+built from chat_cases_tools.py, chat_cases_content.py and chat_case_parts.py). Each body
+goes through vLLM's own code, as ``POST /v1/chat/completions`` does: the
+``ChatCompletionRequest`` pydantic model (its validators), then
+``OnlineRenderer.render_chat`` (tool-choice checks, ``tool_dicts`` from
 ``ChatCompletionToolsParam.model_dump()``, ``validate_chat_template``, ``preprocess_chat``
--> ``build_chat_params`` / ``ChatParams.with_defaults`` -> ``HfRenderer`` -> message parsing
--> ``safe_apply_chat_template`` -> transformers' ``apply_chat_template`` -> tokenization).
-The tokenizers are kvroute-tiny (router/proxy/data/tiny) and two test directories in
+-> ``build_chat_params`` / ``ChatParams.with_defaults`` -> ``HfRenderer`` -> content
+format detection -> message parsing -> ``safe_apply_chat_template`` -> transformers'
+``apply_chat_template`` -> tokenization).
+The tokenizers are kvroute-tiny (router/proxy/data/tiny) and three test directories in
 tests/fixtures/vllm-chat/ with the same tokenizer.json: ``tools-tokenizer`` (a template
-that renders tools, documents, thinking flags and every message field) and
+that renders tools, documents, thinking flags and every message field),
 ``named-tokenizer`` (chat_template.jinja plus a named "tool_use" template, using
-transformers' template environment). Refusals are answered as the server answers them:
-a validation error by vLLM's ``validation_exception_handler``, an ``ErrorResponse`` as
-is, an exception through ``create_error_response`` (its exception handler).
+transformers' template environment) and ``parts-tokenizer`` (a template that loops over
+content parts, so vLLM passes them as a list, plus a "tool_use" one that takes strings).
+It also records the content format vLLM's own detection (``_detect_content_format``, what
+``--chat-template-content-format auto`` uses) gives each of ``FORMAT_TEMPLATES``.
+Refusals are answered as the server answers them: a validation error by vLLM's
+``validation_exception_handler``, an ``ErrorResponse`` as is, an exception through
+``create_error_response`` (its exception handler).
 
 The server is a plain ``vllm serve`` with ``--enable-auto-tool-choice
 --tool-call-parser pythonic`` (so ``tool_choice`` "auto"/"required"/named are accepted;
@@ -46,6 +52,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from chat_cases import CASES, TOKENIZERS
+from chat_cases_content import FORMAT_TEMPLATES
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "tests" / "fixtures" / "vllm-chat" / "recording.json"
@@ -152,6 +159,19 @@ class Server:
         }
 
 
+def detect_format(template: str) -> str:
+    """The content format vLLM detects for ``template`` (its cache is keyed by the text).
+    Quiet: vLLM logs the traceback of a template it cannot parse or follow."""
+    from vllm.renderers.hf import _detect_content_format
+
+    level = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        return str(_detect_content_format(template, default="string"))
+    finally:
+        logging.disable(level)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT, help="where to write the recording")
@@ -168,11 +188,16 @@ def main(argv: list[str] | None = None) -> None:
         cases.append({**c, **answer})
         shown = answer.get("prompt") if answer["status"] == 200 else answer["message"]
         print(f"{c['name']:<58} {answer['status']} {str(shown)[:100]!r}", file=sys.stderr)
+    formats = [
+        {"name": name, "template": template, "format": detect_format(template)}
+        for name, template in FORMAT_TEMPLATES.items()
+    ]
     recording = {
         "vllm_version": vllm.__version__,
         "tokenizers": TOKENIZERS,
         "server": SERVER,
         "cases": cases,
+        "content_formats": formats,
     }
     out.write_text(json.dumps(recording, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     refused = sum(c["status"] != 200 for c in cases)
