@@ -184,6 +184,8 @@ class FakeEngine:
         self.buffer: list[tuple[int, bytes]] = []
         self.next_seq = 0
         self.replay_requests: list[int] = []
+        # While set and not yet set *on*, replay answers wait for it (a slow publisher).
+        self.replay_gate: asyncio.Event | None = None
         self.subscriptions = 0
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
@@ -228,6 +230,8 @@ class FakeEngine:
             ident, _, start = await self.router.recv_multipart()
             seq0 = int.from_bytes(start, "big")
             self.replay_requests.append(seq0)
+            if self.replay_gate is not None:
+                await self.replay_gate.wait()
             for seq, payload in self.buffer:
                 if seq >= seq0:
                     await self.router.send_multipart(

@@ -6,8 +6,10 @@ restart without persistence leaves), and a second router starts on the same Redi
 
 from __future__ import annotations
 
+import asyncio
+
 import redis
-from _helpers import FakeEngine, batch, chain, hits, store_chain, wait_until
+from _helpers import FakeEngine, batch, chain, hits, removed, store_chain, wait_until
 
 from router.config import RouterSettings, WorkerSpec
 from router.service import RouterService
@@ -171,12 +173,16 @@ async def test_a_rebuild_another_router_left_midway_is_redone_here(
         await svc.stop()
 
 
-async def test_two_routers_keep_one_exact_index_while_one_rebuilds(
+async def test_two_routers_keep_one_exact_index_while_each_rebuilds(
     redis_url: str, engine: FakeEngine
 ) -> None:
-    """Two routers ingest one engine into one Redis; one clears and rebuilds the worker
-    while the engine keeps publishing and the other keeps writing. Every chain ends up
-    indexed once (one copy per block), and the router that did not clear never has to."""
+    """Two routers ingest one engine into one Redis; each in turn clears and rebuilds the
+    worker while the engine keeps publishing (every batch stores a chain and removes the
+    one three batches back, but every fifth chain stays) and the other keeps writing
+    meanwhile (the replay's answer waits for it). The index ends exactly as the stream
+    says, one copy per block, on both, and no router rebuilds but when asked. Before the
+    deferral rule, the live batches recorded first made the rebuild's look applied and
+    the chains stored before them went missing."""
     routers = [RouterService(settings(redis_url)) for _ in range(2)]
     for svc in routers:
         await svc.start()
@@ -186,21 +192,41 @@ async def test_two_routers_keep_one_exact_index_while_one_rebuilds(
             await svc.add_worker(WorkerSpec(**engine.spec("w0")))
             subs.append(svc.subscriptions.get("w0"))
         await engine.wait_subscribed(2)
-        for i in range(20):
-            await engine.publish(batch(store_chain(i)))
-        await wait_until(lambda: all(s.last_seq.get(0) == 19 for s in subs), what="seq 19")
-        subs[0].request_resync("a test")
-        for i in range(20, 40):
-            await engine.publish(batch(store_chain(i)))
-        await wait_until(
-            lambda: all(s.last_seq.get(0) == 39 and not s.syncing for s in subs),
-            what="both routers at seq 39",
+        await wait_until(  # both catch-up replays answered: none waits behind the gate
+            lambda: len(engine.replay_requests) == 2 and not any(s.syncing for s in subs),
+            what="both caught up",
         )
+
+        async def publish(i: int) -> None:
+            gone = [removed(chain(i - 3)[0])] if i >= 3 and (i - 3) % 5 else []
+            await engine.publish(batch(store_chain(i), *gone))
+
+        for i in range(20):
+            await publish(i)
+        await wait_until(lambda: all(s.last_seq.get(0) == 19 for s in subs), what="seq 19")
+        for turn, (sub, other) in enumerate([subs, subs[::-1]]):
+            # This one clears and asks for the buffer; the answer waits until the other
+            # has written twenty live batches.
+            engine.replay_gate = asyncio.Event()
+            asked = len(engine.replay_requests)
+            sub.request_resync("a test")
+            await wait_until(lambda n=asked: len(engine.replay_requests) > n, what="replay asked")
+            top = 20 * (turn + 2) - 1
+            for i in range(top - 19, top + 1):
+                await publish(i)
+            await wait_until(lambda o=other, t=top: o.last_seq.get(0) == t, what="the other at top")
+            engine.replay_gate.set()
+            await wait_until(
+                lambda t=top: all(s.last_seq.get(0) == t and not s.syncing for s in subs),
+                what="both routers at the top",
+            )
+        engine.replay_gate = None
+        held = [i for i in range(60) if i % 5 == 0 or i >= 57]
         for svc in routers:
-            assert [await hits(svc, "w0", i) for i in range(40)] == [8] * 40
-            keys = await svc.index.resolve("w0", 4, [h for i in range(40) for h in chain(i)[0]])
-            assert await svc.index.copies("w0", 0, keys) == [1] * 80
-        assert [s.counters.resyncs for s in subs] == [1, 0]
+            assert [i for i in range(60) if await hits(svc, "w0", i)] == held
+            keys = await svc.index.resolve("w0", 4, [h for i in held for h in chain(i)[0]])
+            assert await svc.index.copies("w0", 0, keys) == [1] * 2 * len(held)
+        assert [s.counters.resyncs for s in subs] == [1, 1]
     finally:
         for svc in routers:
             await svc.stop()
