@@ -200,12 +200,13 @@ def _time_writes(svc: RouterService) -> list[float]:
     real = ing.apply_batch
     times: list[float] = []
 
-    async def timed(*args: Any, **kw: Any) -> None:
+    async def timed(*args: Any, **kw: Any) -> dict[str, int]:
         t = time.perf_counter()
-        await real(*args, **kw)
+        got = await real(*args, **kw)
         if not times:
             times[:] = [t, 0.0]
         times[1] = time.perf_counter()
+        return got
 
     ing.apply_batch = timed  # type: ignore[method-assign]
     return times
