@@ -38,6 +38,11 @@ class Decision:
     start: int = 0
 
 
+# DP ranks a worker's frames may name: each keeps a seq here, in the index and a
+# ``kvroute_last_seq`` series, so a frame naming another is refused (vLLM numbers its
+# ranks from 0 up to the data-parallel size).
+MAX_RANKS = 1024
+
 _APPLY = Decision(Verdict.APPLY)
 _DUPLICATE = Decision(Verdict.DUPLICATE)
 _RESTART = Decision(Verdict.RESTART)

@@ -38,7 +38,7 @@ from router.ingest import packed
 from router.ingest.counters import WorkerCounters
 from router.ingest.gc_pause import gc_paused
 from router.ingest.recovery import REPAIR_FIRST_S, RecoveryMixin
-from router.ingest.sequencing import SeqTracker, Verdict
+from router.ingest.sequencing import MAX_RANKS, SeqTracker, Verdict
 from router.ingest.sub_socket import REOPEN_AFTER_S, open_worker_sockets, reopen, silent_hint
 from router.ingest.writer import IndexWriter
 from router.logging_setup import event_extra
@@ -365,15 +365,17 @@ class WorkerSubscription(RecoveryMixin):
 
     # ------------------------------------------------------------------ decode
     def _decode(self, payload: bytes, seq: int) -> tuple[KVEventBatch | None, DecodeStats | None]:
-        """The batch (None if undecodable), and what decoding it counted, for
-        ``_count_decoded`` once the caller knows the frame is new: None from the packed
-        decode (the common form: one batch, nothing else, no counter object per frame)."""
+        """The batch (None if undecodable or of a rank out of bounds) and what decoding it
+        counted, for ``_count_decoded`` once the frame is known new (None: packed form)."""
         batch = packed.decode(payload)
-        if batch is not None:
-            return batch, None
-        stats = DecodeStats()
+        stats: DecodeStats | None = None
         try:
-            return decode_batch(payload, stats), stats
+            if batch is None:
+                stats = DecodeStats()
+                batch = decode_batch(payload, stats)
+            if not 0 <= (rank := batch.data_parallel_rank or 0) < MAX_RANKS:
+                raise DecodeError(f"data_parallel_rank {rank} is outside [0, {MAX_RANKS})")
+            return batch, stats
         except DecodeError as exc:
             if not self._seq.is_bad(seq):  # else bad at the source too: its replayed copy
                 self._seq.mark_bad(seq)

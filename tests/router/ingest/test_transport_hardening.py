@@ -175,3 +175,23 @@ async def test_a_connecting_sub_is_reopened_after_an_oversized_message(engine: F
         assert b'kvroute_reopened_connections_total{worker="w0"} 1.0' in metrics
     finally:
         await svc.stop()
+
+
+async def test_a_frame_naming_a_rank_out_of_bounds_is_refused(engine: FakeEngine) -> None:
+    """Each DP rank keeps a seq in the subscription, the index and a ``kvroute_last_seq``
+    series: frames naming thousands of ranks grew all three without bound. A frame whose
+    rank is outside [0, MAX_RANKS) is an undecodable frame: counted, not applied, its
+    seq not a gap."""
+    from router.ingest.sequencing import MAX_RANKS
+
+    svc, sub = await start_subscribed(engine)
+    try:
+        for rank in (MAX_RANKS, 2**40, -1):
+            await engine.publish(batch(stored([rank & 0xFFFF], list(range(4))), rank=rank))
+        await engine.publish(batch(stored([1, 2], list(range(8)))))
+        await wait_until(lambda: sub.last_seq.get(0, -1) == 3, what="the good batch applied")
+        assert sub.last_seq == {0: 3}
+        assert sub.counters.decode_errors == 3 and sub.counters.gaps == 0
+        assert await svc.index.load_seqs("w0") == {0: (3, sub._seq.top_print)}
+    finally:
+        await svc.stop()
