@@ -6,6 +6,7 @@ hot wire path uses msgspec instead. Field names are the stable public contract.
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
@@ -37,12 +38,36 @@ HttpEndpoint = Annotated[
 class ErrorBody(BaseModel):
     code: str
     message: str
+    type: str = Field(description="the error's kind, named as vLLM's server names it")
+    param: str | None = None
 
 
 class ErrorResponse(BaseModel):
-    """Every 4xx/5xx answer: ``{"error": {"code", "message"}}``."""
+    """Every 4xx/5xx answer: ``{"error": {"code", "message", "type", "param"}}``."""
 
     error: ErrorBody
+
+
+# vLLM's server names these statuses' errors after exception classes and any other
+# status by its HTTP phrase ("Too Many Requests"): OpenAI-style clients read ``type``.
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    422: "UnprocessableEntityError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_body(status: int, code: str, message: str) -> dict[str, dict[str, str | None]]:
+    """The body of every error the router answers (``ErrorResponse``): vLLM's shape, with
+    ``code`` the router's own stable name for the error (vLLM puts the status there)."""
+    try:
+        kind = _ERROR_TYPES.get(status) or HTTPStatus(status).phrase
+    except ValueError:
+        kind = "Error"
+    return {"error": {"code": code, "message": message, "type": kind, "param": None}}
 
 
 class WorkerCreate(BaseModel):

@@ -30,6 +30,7 @@ from router.index import IndexUnavailable
 from router.proxy import install as install_proxy
 from router.ratelimited_log import RateLimitedLog
 from router.service import RouterService, UnknownWorker
+from schemas.rest import error_body
 
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
@@ -53,9 +54,7 @@ _CODES = {
 def error_response(
     status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"code": code, "message": message}}, status_code=status, headers=headers
-    )
+    return JSONResponse(error_body(status, code, message), status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:

@@ -22,6 +22,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from schemas.rest import error_body
+
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # Set in the ASGI scope once a request has been charged: ``router.proxy.outermost`` puts a
 # second copy of the middleware in front of the proxy, and a request must pay once.
@@ -95,14 +97,9 @@ class RateLimitMiddleware:
         if wait <= 0.0:
             await self.app(scope, receive, send)
             return
+        why = f"more than {self.limiter.rate:g} requests/s from this client; retry in {wait:.2f} s"
         response = JSONResponse(
-            {
-                "error": {
-                    "code": "rate_limited",
-                    "message": f"more than {self.limiter.rate:g} requests/s from this client; "
-                    f"retry in {wait:.2f} s",
-                }
-            },
+            error_body(429, "rate_limited", why),
             status_code=429,
             headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )

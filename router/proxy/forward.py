@@ -29,6 +29,7 @@ from router.proxy.warming import send_warming
 from router.routing.policy import check_policy
 from router.routing.state import Decision
 from router.service import UnknownWorker
+from schemas.rest import error_body
 from schemas.tokenization import TokenizationError
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ _body_decoder = msgspec.json.Decoder()
 
 
 def _json_error(status: int, code: str, message: str) -> tuple[int, bytes]:
-    return status, msgspec.json.encode({"error": {"code": code, "message": message}})
+    return status, msgspec.json.encode(error_body(status, code, message))
 
 
 async def _send_json(send: Send, status: int, body: bytes, extra: list | None = None) -> None:
@@ -357,9 +358,7 @@ class ProxyMiddleware:
         except UpstreamError as exc:  # the engine died mid-stream: tell the client in-band
             outcome = "upstream_broken"
             self.proxy.counters.worker(decision.worker_id).upstream_errors += 1
-            err = msgspec.json.encode(
-                {"error": {"code": "upstream_failed", "message": f"stream broken: {exc}"}}
-            )
+            err = msgspec.json.encode(error_body(502, "upstream_failed", f"stream broken: {exc}"))
             # As vLLM ends a stream that failed: the error event, then [DONE], so a client
             # reading to [DONE] stops.
             event = b"data: " + err + b"\n\ndata: [DONE]\n\n"

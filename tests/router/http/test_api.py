@@ -41,7 +41,8 @@ def assert_error(r: httpx.Response, status: int, code: str | None = None) -> dic
     assert r.status_code == status, r.text
     body = r.json()
     assert set(body) == {"error"}, body
-    assert set(body["error"]) == {"code", "message"}, body
+    assert set(body["error"]) == {"code", "message", "type", "param"}, body  # vLLM's shape
+    assert isinstance(body["error"]["type"], str) and body["error"]["type"], body
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
     if code is not None:
         assert body["error"]["code"] == code, body

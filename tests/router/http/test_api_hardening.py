@@ -27,7 +27,8 @@ def app_for(**settings: Any) -> Any:
 def assert_error(r: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
     assert r.status_code == status, r.text
     body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message", "type", "param"}, body
     if code is not None:
         assert body["error"]["code"] == code, body
     return body["error"]  # type: ignore[no-any-return]

@@ -34,6 +34,7 @@ async def test_over_the_rate_gets_429_json_and_is_counted_probes_never() -> None
         assert codes == [200, 200, 429]
         r = await client.get("/v1/workers")
         assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
+        assert r.json()["error"]["type"] == "Too Many Requests"  # as vLLM names a 429
         assert int(r.headers["retry-after"]) >= 1
         for _ in range(5):  # probes and scrapes are never limited
             assert (await client.get("/healthz")).status_code == 200

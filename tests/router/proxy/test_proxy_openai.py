@@ -153,6 +153,9 @@ def test_unknown_model_is_a_clear_404(client: openai.OpenAI) -> None:
         client.completions.create(model="no-such-model", prompt="hi")
     assert err.value.body["code"] == "model_not_found"
     assert "no-such-model" in err.value.body["message"] and MODEL in err.value.body["message"]
+    # vLLM's error shape: the client reads the type and param as it does an engine's.
+    assert (err.value.body["type"], err.value.body["param"]) == ("NotFoundError", None)
+    assert err.value.type == "NotFoundError"
 
 
 @pytest.mark.parametrize(
@@ -175,6 +178,8 @@ def test_malformed_bodies_get_json_4xx(
     r = httpx.post(router.url + path, content=body, timeout=30)
     assert r.status_code == status, r.text
     assert set(r.json()["error"]) >= {"code", "message"}
+    if status == 400:  # the router's own answer (the 422 is the engine's)
+        assert r.json()["error"]["type"] == "BadRequestError", r.text
 
 
 def test_models_and_tokenize_pass_through(client: openai.OpenAI, router: RouterProc) -> None:
