@@ -318,8 +318,8 @@ class RecoveryMixin:
                 start,
                 extra=self._event("replay_malformed", start=start, replies=malformed),
             )
-        prefix = self.spec.topic.encode()
-        return [f for f in frames if f.topic.startswith(prefix)]
+        prefix = self.spec.topic.encode()  # an answer without topics is this publisher's
+        return [f for f in frames if f.topic is None or f.topic.startswith(prefix)]
 
     async def _apply_replayed(self, frames: list[ReplayFrame]) -> None:
         """Apply the frames not applied yet; a replay overlaps what was decoded live, so

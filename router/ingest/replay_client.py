@@ -2,7 +2,8 @@
 
 Protocol (docs/design.md#wire-format): send ``[b"", start_seq (8B BE)]`` on a DEALER; the
 publisher answers ``[b"", topic, seq, payload]`` per buffered batch with
-``seq >= start_seq`` and then the end marker ``[b"", b"", -1 (8B signed BE), b""]``.
+``seq >= start_seq`` and then the end marker ``[b"", b"", -1 (8B signed BE), b""]``
+(SGLang up to 0.5.21: the same without the topic frame, read alike).
 
 What an answer may hold is checked here, because whatever seq a replayed frame carries
 becomes the worker's last applied seq: one frame far ahead (a liar, a bug, a corrupted
@@ -37,6 +38,9 @@ from schemas import REPLAY_END_SEQ
 log = logging.getLogger(__name__)
 
 _END = [b"", b"", REPLAY_END_SEQ, b""]
+# SGLang up to 0.5.21 answers without the topic frame: ``[b"", seq, payload]`` per batch,
+# then ``[b"", -1, b""]``.
+_END_BARE = [b"", REPLAY_END_SEQ, b""]
 
 
 DEFAULT_MAX_FRAMES = 100_000
@@ -67,7 +71,7 @@ class ReplayTooLarge(ReplayFailed):
 @dataclass(frozen=True, slots=True)
 class ReplayFrame:
     seq: int
-    topic: bytes
+    topic: bytes | None  # None: the publisher's answer has no topic frame (old SGLang)
     payload: bytes
 
 
@@ -117,11 +121,13 @@ async def request_replay(
                 raise ReplayFailed(
                     f"replay from {endpoint}: no reply within {timeout_s:g}s", frames, malformed
                 ) from None
-            if reply == _END:  # exactly: a batch may carry the seq 2**64-1 itself
+            if reply in (_END, _END_BARE):  # exactly: a batch may carry the seq 2**64-1
                 return frames, malformed
             seq = -1  # not the replay shape
-            if len(reply) == 4 and reply[0] == b"" and len(reply[2]) == 8:
-                seq = int.from_bytes(reply[2], "big")
+            # [b"", topic, seq, payload], or without the topic frame (SGLang <= 0.5.21)
+            topic = reply[1] if len(reply) == 4 else None
+            if len(reply) in (3, 4) and reply[0] == b"" and len(reply[-2]) == 8:
+                seq = int.from_bytes(reply[-2], "big")
                 if seq < start_seq or (frames and seq != frames[-1].seq + 1):
                     seq = -1  # behind what was asked, out of order, or a jump
                 elif upto is not None and seq > upto:
@@ -140,7 +146,7 @@ async def request_replay(
             if seq < 0:
                 malformed += 1
                 continue
-            frames.append(ReplayFrame(seq, reply[1], reply[3]))
+            frames.append(ReplayFrame(seq, topic, reply[-1]))
     except zmq.ZMQError as exc:
         raise ReplayFailed(f"replay from {endpoint}: {exc}", frames, malformed) from None
     finally:

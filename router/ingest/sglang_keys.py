@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 SALT_SEED_TAG = b"sglang-cache-salt-v1\0"
 _U32_MAX = 0xFFFFFFFF
+_I64_MAX = 0x7FFFFFFFFFFFFFFF
 _WIDE_TAG = b"\xff"
 
 
@@ -37,6 +38,10 @@ def salt_seed(cache_salt: str | None) -> bytes | None:
 def _page_bytes(page: Sequence[int]) -> bytes:
     if all(0 <= t <= _U32_MAX for t in page):
         return struct.pack(f"<{len(page)}I", *page)
+    # SGLang's hasher takes ids as int64 and refuses any above 2**63-1 (hash_binding.cpp:
+    # "token id must be a non-negative int64"); a u64 pack alone would accept them.
+    if any(t > _I64_MAX for t in page):
+        raise struct.error("token id above int64")
     return _WIDE_TAG + struct.pack(f"<{len(page)}Q", *page)
 
 

@@ -63,7 +63,7 @@ def fetch_replay(ctx: zmq.Context[Any], endpoint: str, start_seq: int, timeout_s
         frames, malformed = exc.frames, exc.malformed
         error = str(exc).replace("no reply within", "timed out after")
     out: list[Frame | str] = [
-        Frame(f.topic.decode("utf-8", "replace"), f.seq, f.payload, True) for f in frames
+        Frame((f.topic or b"").decode("utf-8", "replace"), f.seq, f.payload, True) for f in frames
     ]
     if malformed:
         out.append(f"{malformed} malformed replay replies skipped")

@@ -177,8 +177,11 @@ class FakeEngine:
         buffer: int = 10_000,
         replay: bool = True,
         endpoint: str = "tcp://127.0.0.1:*",
+        replay_topic: bool = True,
     ) -> None:
         self.ctx = zmq.asyncio.Context()
+        # False: replay answers without the topic frame, as SGLang up to 0.5.21 sends them.
+        self.replay_topic = replay_topic
         self.topic = topic.encode()
         self.buffer_max = buffer
         self.buffer: list[tuple[int, bytes]] = []
@@ -232,12 +235,14 @@ class FakeEngine:
             self.replay_requests.append(seq0)
             if self.replay_gate is not None:
                 await self.replay_gate.wait()
+            head = [self.topic] if self.replay_topic else []
             for seq, payload in self.buffer:
                 if seq >= seq0:
                     await self.router.send_multipart(
-                        [ident, b"", self.topic, seq.to_bytes(8, "big"), payload]
+                        [ident, b"", *head, seq.to_bytes(8, "big"), payload]
                     )
-            await self.router.send_multipart([ident, b"", b"", REPLAY_END_SEQ, b""])
+            end = [b""] if self.replay_topic else []
+            await self.router.send_multipart([ident, b"", *end, REPLAY_END_SEQ, b""])
 
     async def publish(self, b: KVEventBatch, *, deliver: bool = True) -> int:
         """Buffer ``b`` under the next seq; send it live unless ``deliver`` is False."""

@@ -35,6 +35,23 @@ def test_wide_tokens_switch_the_page_to_tagged_u64() -> None:
         page_digests([-1], 1)
 
 
+def test_ids_above_int64_are_refused_as_sglangs_hasher_refuses_them() -> None:
+    # SGLang 0.5.23 hash_binding.cpp takes ids as int64 ("token id must be a non-negative
+    # int64"); only ids up to 2**63-1 take the tagged u64 form.
+    top = 2**63 - 1
+    assert page_digests([5, top], 2) == [
+        hashlib.sha256(b"\xff" + struct.pack("<2Q", 5, top)).digest()
+    ]
+    for bad in (2**63, 2**64 - 1):
+        with pytest.raises(ValueError):
+            page_digests([5, bad], 2)
+        with pytest.raises(ValueError):
+            request_block_hashes([bad], 1)
+        # a chain SGLang cannot publish is never taken for SGLang's own hashing
+        forged = event_hash(hashlib.sha256(b"\xff" + struct.pack("<Q", bad)).digest())
+        assert not detect_sglang_hash(forged, [bad])
+
+
 def test_salt_seeds_the_chain_and_empty_salt_is_none() -> None:
     seed = hashlib.sha256(b"sglang-cache-salt-v1\0tenant").digest()
     assert salt_seed("tenant") == seed
@@ -55,7 +72,7 @@ def test_detection_accepts_signed_and_unsigned_readings_only_of_the_right_chain(
 
 def _store(hashes: list[int], tokens: list[int], **kw: object) -> BlockStored:
     return BlockStored(
-        block_hashes=hashes,
+        block_hashes=[*hashes],
         parent_block_hash=None,
         token_ids=tokens,
         block_size=2,
