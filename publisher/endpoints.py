@@ -7,7 +7,12 @@ where it defines one, and extend it only where vLLM would fail.
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 from typing import Literal
+
+import zmq
 
 PublishMode = Literal["auto", "bind", "connect"]
 PUBLISH_MODES: tuple[PublishMode, ...] = ("auto", "bind", "connect")
@@ -51,8 +56,9 @@ def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str |
 
     As in vLLM: rank 0 (or no endpoint) leaves it unchanged; ``tcp://host:port`` becomes
     ``tcp://host:(port + rank)``; ``inproc://name`` becomes ``inproc://name_dp{rank}``.
+    Port 0 is left as is (the OS picks a fresh port for each rank), as in vLLM.
     Extensions where vLLM raises: ``ipc://path`` gets the same ``_dp{rank}`` suffix, and a
-    wildcard port (``tcp://host:*``) is left as is since the OS picks a fresh port anyway.
+    wildcard port (``tcp://host:*``) is left as is for the same reason as port 0.
     """
     if not endpoint or data_parallel_rank == 0:
         return endpoint
@@ -66,5 +72,48 @@ def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str |
             return endpoint
         if not port.isdigit():
             raise ValueError(f"tcp endpoint with a bad port: {endpoint!r}")
+        if int(port) == 0:
+            return endpoint
         return f"{base}:{int(port) + data_parallel_rank}"
     raise ValueError(f"unsupported endpoint {endpoint!r}: expected tcp://, ipc:// or inproc://")
+
+
+# vLLM binds this one endpoint to the node's IP (not every interface) on an OS-chosen port.
+NODE_IP_ENDPOINT = "tcp://*:0"
+
+
+def node_ip() -> str:
+    """vLLM's ``get_ip()``: ``$VLLM_HOST_IP``, else the source address of the default route
+    (IPv4, then IPv6; a UDP ``connect`` sends nothing), else ``0.0.0.0``."""
+    host = os.environ.get("VLLM_HOST_IP", "")
+    if host:
+        return host
+    probes = ((socket.AF_INET, "8.8.8.8"), (socket.AF_INET6, "2001:4860:4860::8888"))
+    for family, address in probes:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((address, 80))
+                return str(probe.getsockname()[0])
+        except OSError:
+            continue
+    return "0.0.0.0"
+
+
+def bind(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind ``sock`` as vLLM does and return the concrete endpoint it bound.
+
+    ``tcp://*:0`` binds the node's IP (``node_ip``) on an OS-chosen port, not every
+    interface; without a node IP it raises ``ValueError`` (set ``VLLM_HOST_IP``).
+    """
+    if endpoint != NODE_IP_ENDPOINT:
+        sock.bind(endpoint)
+        return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    ip = node_ip()
+    if ip in ("0.0.0.0", "::"):
+        raise ValueError(f"{NODE_IP_ENDPOINT} needs a node IP; set VLLM_HOST_IP")
+    if ipaddress.ip_address(ip).version == 6:
+        sock.setsockopt(zmq.IPV6, 1)
+        sock.bind(f"tcp://[{ip}]:0")
+    else:
+        sock.bind(f"tcp://{ip}:0")
+    return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))

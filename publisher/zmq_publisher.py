@@ -7,12 +7,14 @@ golden frames in ``tests/fixtures/vllm-0.33/frames``):
 * PUB frames ``[topic, seq (8-byte big-endian unsigned, from 0 per instance), payload]``;
 * replay: a client (DEALER) sends ``[b"", start_seq]``; the ROUTER answers every buffered
   batch with ``seq >= start_seq`` as ``[b"", topic, seq, payload]`` and then the end
-  marker ``[b"", b"", -1 (8-byte signed big-endian), b""]``.
+  marker ``[b"", b"", -1 (8-byte signed big-endian), b""]``. ``start_seq`` is 8 bytes by
+  protocol; as in vLLM, any length is read as unsigned big-endian and answered.
 
 Differences from vLLM, all on the caller's side: ``publish`` never blocks (a full queue
 is counted in ``dropped`` instead of waiting), publishing after ``shutdown`` is counted
-as dropped instead of raising, and ``shutdown`` lets ZMQ flush the last frames (linger)
-instead of discarding them.
+as dropped instead of raising, ``shutdown`` lets ZMQ flush the last frames (linger)
+instead of discarding them, and a batch that fails to encode uses no seq (vLLM spends
+one, leaving a gap no replay can fill).
 
 Threading: the ZMQ sockets are created, used and closed by the publisher thread only;
 callers touch a thread-safe queue, a lock-protected counter and a wake-up socket pair.
@@ -32,7 +34,7 @@ from collections import deque
 import zmq
 
 from publisher.base import EventPublisher
-from publisher.endpoints import PUBLISH_MODES, offset_endpoint_port, publisher_binds
+from publisher.endpoints import PUBLISH_MODES, bind, offset_endpoint_port, publisher_binds
 from schemas import REPLAY_END_SEQ, KVEventBatch, encode_batch
 
 log = logging.getLogger(__name__)
@@ -246,18 +248,17 @@ class ZmqEventPublisher(EventPublisher):
         try:
             pub.set_hwm(self.hwm)
             if publisher_binds(self.endpoint, self.mode):
-                pub.bind(self.endpoint)
-                self.bound_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+                self.bound_endpoint = bind(pub, self.endpoint)
             else:
                 pub.connect(self.endpoint)
                 self.bound_endpoint = self.endpoint
             if self.replay_endpoint is not None:
                 replay = self._ctx.socket(zmq.ROUTER)
-                # A replay answers up to buffer_steps frames at once; the default HWM
-                # (1000) would silently cut a long replay short.
-                replay.set_hwm(max(self.hwm, (self._buffer.maxlen or 0) + 1))
-                replay.bind(self.replay_endpoint)
-                self.bound_replay_endpoint = replay.getsockopt_string(zmq.LAST_ENDPOINT)
+                # As vLLM: room for two full replays plus markers, since ZMQ acks reads
+                # only every HWM/2 messages (a ROUTER at its HWM silently drops frames).
+                replay_hwm = 2 * ((self._buffer.maxlen or 0) + 1)
+                replay.setsockopt(zmq.SNDHWM, max(self.hwm, replay_hwm))
+                self.bound_replay_endpoint = bind(replay, self.replay_endpoint)
         except BaseException:
             pub.close(linger=0)
             if replay is not None:
@@ -347,7 +348,7 @@ class ZmqEventPublisher(EventPublisher):
                 frames = replay.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) != 3 or len(frames[2]) != 8:
+            if len(frames) != 3:
                 self.bad_replay_requests += 1
                 self._log_limited(
                     "bad_replay",
@@ -357,7 +358,10 @@ class ZmqEventPublisher(EventPublisher):
                 )
                 continue
             self.replay_requests += 1
-            identity, start_seq = frames[0], int.from_bytes(frames[2], "big")
+            # As vLLM: start_seq is unsigned big-endian of any length (8 bytes by protocol).
+            digits = frames[2].lstrip(b"\0")
+            start_seq = int.from_bytes(digits, "big") if len(digits) <= 8 else 1 << 64
+            identity = frames[0]
             for seq, payload in self._buffered_from(start_seq):
                 replay.send_multipart(
                     (identity, b"", self._topic_bytes, seq.to_bytes(8, "big"), payload)

@@ -149,3 +149,9 @@ def test_null_publisher_does_nothing() -> None:
     pub.publish(b)
     assert b.data_parallel_rank is None
     assert pub.counters() == {"published": 0, "dropped": 0}
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://*:0", "tcp://127.0.0.1:0", "tcp://[::1]:0"])
+def test_dp_offset_leaves_port_zero_to_the_os(endpoint: str) -> None:
+    """vLLM: "a tcp port of 0 is left for the OS"; adding the rank made it port 1, 2..."""
+    assert offset_endpoint_port(endpoint, 3) == endpoint

@@ -9,6 +9,7 @@ import zmq
 from _zmq_client import (
     END_MARKER,
     golden_frames,
+    inproc_name,
     recv_frames,
     recv_through,
     replay,
@@ -113,15 +114,71 @@ def test_malformed_requests_are_ignored_and_counted(
     assert pub10.bound_replay_endpoint is not None
     dealer = closing(ctx.socket(zmq.DEALER))
     dealer.connect(pub10.bound_replay_endpoint)
-    dealer.send_multipart([b"", b"\x00\x01"])  # seq not 8 bytes
     dealer.send_multipart([b"", b"\x00" * 8, b"extra"])  # too many frames
     dealer.send(b"\x00" * 8)  # no empty delimiter frame
-    wait_until(lambda: pub10.bad_replay_requests == 3)
+    wait_until(lambda: pub10.bad_replay_requests == 2)
     assert not dealer.poll(50)
     # The publisher still serves well-formed requests.
     dealer.send_multipart([b"", (9).to_bytes(8, "big")])
     assert recv_frames(dealer, 2) == expect(range(9, 10))
     assert pub10.replay_requests == 1
+
+
+@pytest.mark.parametrize(
+    ("start", "seqs"),
+    [
+        (b"\x07", range(7, 10)),  # 1 byte: seq 7
+        (b"", range(6, 10)),  # empty: seq 0
+        (b"\x00" * 8 + b"\x09", range(9, 10)),  # 9 bytes, value 9
+        (b"\x01" + b"\x00" * 8, range(0)),  # 9 bytes, value 2**64: beyond everything
+        (b"\xff" * 4096, range(0)),
+    ],
+)
+def test_start_seq_of_any_length_is_answered_like_vllm(
+    ctx: zmq.Context,
+    pub10: ZmqEventPublisher,
+    closing: Callable[[zmq.Socket], zmq.Socket],
+    start: bytes,
+    seqs: range,
+) -> None:
+    """vLLM reads start_seq with ``int.from_bytes(frame, "big")`` whatever its length and
+    answers; ignoring such a request left the client waiting for an end marker forever."""
+    assert pub10.bound_replay_endpoint is not None
+    dealer = closing(ctx.socket(zmq.DEALER))
+    dealer.connect(pub10.bound_replay_endpoint)
+    dealer.send_multipart([b"", start])
+    assert recv_frames(dealer, len(seqs) + 1) == expect(seqs)
+    assert (pub10.replay_requests, pub10.bad_replay_requests) == (1, 0)
+
+
+def test_replay_socket_holds_two_full_replays_like_vllm(
+    ctx: zmq.Context,
+    make_pub: Callable[..., ZmqEventPublisher],
+    closing: Callable[[zmq.Socket], zmq.Socket],
+) -> None:
+    """vLLM sizes the replay SNDHWM at 2 * (buffer_steps + 1) whatever ``hwm`` is: a ROUTER
+    at its HWM drops frames silently, and ZMQ acks reads only every HWM/2 messages. With
+    buffer_steps + 1 the second of two full replays lost its tail and end marker.
+
+    inproc makes the pipe's capacity exact: the ROUTER's SNDHWM plus the DEALER's RCVHWM
+    (1 here), and nothing is read until both requests were answered."""
+    rep = inproc_name()
+    pub = make_pub(inproc_name(), replay_endpoint=rep, topic=TOPIC, buffer_steps=50, hwm=0)
+    for i in range(50):
+        pub.publish(batch(i))
+    wait_until(lambda: pub.published == 50)
+    dealer = closing(ctx.socket(zmq.DEALER))
+    dealer.setsockopt(zmq.RCVHWM, 1)
+    dealer.connect(rep)
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    wait_until(lambda: pub.replay_requests == 2)
+    settle_dealer = closing(ctx.socket(zmq.DEALER))  # a third client: both were answered
+    settle_dealer.connect(rep)
+    settle_dealer.send_multipart([b"", (2**64 - 1).to_bytes(8, "big")])
+    assert recv_frames(settle_dealer, 1) == [END_MARKER]
+    assert recv_frames(dealer, 102) == expect(range(50)) * 2
+    assert not dealer.poll(50)
 
 
 def test_concurrent_clients_each_get_their_own_answer(
