@@ -1,7 +1,8 @@
 """HTTP face of the simulated engine: vLLM's OpenAI API over ``SimEngine``.
 
-``/v1/completions`` and ``/v1/chat/completions`` (streaming, ``n``, usage with
-``prompt_tokens_details.cached_tokens``), ``/v1/models``, ``/tokenize``, ``/detokenize``;
+``/v1/completions`` and ``/v1/chat/completions`` (streaming, ``n``, echo, logprobs, usage with
+``prompt_tokens_details.cached_tokens``), ``/v1/models``, ``/tokenize``, ``/detokenize``,
+``/version``, vLLM's ``/metrics``;
 text and chat need ``--tokenizer`` (the same tokenizer code the router's proxy uses).
 
 Requests run one at a time (an asyncio lock) in a worker thread, so the event order is
@@ -19,7 +20,8 @@ from typing import Any
 import zmq
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from offload_core.engine import EngineConfig, SimEngine
@@ -27,9 +29,12 @@ from offload_core.engine_openai import (
     Builder,
     ChatRequest,
     CompletionRequest,
+    Step,
+    VllmMetrics,
     check_ids,
     output_ids,
     prompts_of,
+    refusal,
     usage_of,
 )
 from offload_core.groups import format_groups
@@ -39,6 +44,7 @@ from publisher import EventPublisher, KVEventsConfig, PublishMode, make_publishe
 log = logging.getLogger("kvroute.engine")
 
 DEFAULT_MODEL = "kvroute-sim"
+VLLM_VERSION = "0.33.0"  # the vLLM whose OpenAI server this one answers like (/version)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -67,6 +73,8 @@ def create_app(
     lock = asyncio.Lock()
     wid = engine.config.worker_id
     http_stats = {"streams": 0, "streams_completed": 0, "streams_cancelled": 0}
+    # For /metrics: requests queued for a prefill, prefilling or streaming, and totals.
+    load = {"waiting": 0, "running": 0, "tokens": 0, "finished": 0}
     vocab = tokenizer.tokenizer.get_vocab_size() if tokenizer is not None else 32_000
 
     @asynccontextmanager
@@ -101,6 +109,16 @@ def create_app(
         async with lock:  # the engine's dicts change while a request runs in its thread
             return {**engine.stats_dict(), **http_stats}
 
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": VLLM_VERSION}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(VllmMetrics(engine, model, load))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {"id": model, "object": "model", "created": 0, "owned_by": "kvroute", "root": model}
@@ -112,8 +130,18 @@ def create_app(
         return tokenizer
 
     def check_model(name: str | None) -> None:
-        if strict_model and name is not None and name != model:
-            raise _Reject(404, "model_not_found", f"the model {name!r} does not exist")
+        if strict_model and name and name != model:  # vLLM: an empty name is the base model
+            raise _Reject(
+                404,
+                "model_not_found",
+                f"The model `{name}` does not exist. Valid aliases: {model}.",
+            )
+
+    def check(body: CompletionRequest | ChatRequest) -> None:
+        check_model(body.model)
+        message = refusal(body, vocab)
+        if message is not None:
+            raise _Reject(400, "invalid_request", message)
 
     def to_ids(prompt: list[int] | str, add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -125,30 +153,42 @@ def create_app(
         return prompt
 
     async def prefill(ids: list[int], body: Any) -> Any:
-        async with lock:
-            try:
-                run = await asyncio.to_thread(engine.serve, ids, body.cache_salt, body.lora_name)
-            except RequestTooLargeError as exc:
-                raise _Reject(400, "prompt_too_long", str(exc)) from None
+        load["waiting"] += 1
+        try:
+            await lock.acquire()
+        finally:
+            load["waiting"] -= 1
+        load["running"] += 1
+        try:
+            run = await asyncio.to_thread(engine.serve, ids, body.cache_salt, body.lora_name)
             if prefill_s_per_token > 0:
                 await asyncio.sleep((run.prompt_tokens - run.cached_tokens) * prefill_s_per_token)
             return run
+        except RequestTooLargeError as exc:
+            raise _Reject(400, "prompt_too_long", str(exc)) from None
+        finally:
+            load["running"] -= 1
+            lock.release()
 
-    def texts_of(ids: list[int], count: int, n: int) -> list[list[str]]:
-        out = []
-        for c in range(n):
-            gen = output_ids([*ids, c], count, vocab)
-            out.append([tokenizer.decode([t]) + " " if tokenizer else "" for t in gen])
-        return out
-
-    async def run(chat: bool, body: Any, prompts: list[list[int]], count: int) -> Any:
-        results = [await prefill(ids, body) for ids in prompts]
-        pieces = [p for ids in prompts for p in texts_of(ids, count, body.n)]
-        prompt_tokens = sum(r.prompt_tokens for r in results)
+    async def run(chat: bool, body: Any, prompts: list[tuple[list[int], str | None]]) -> Any:
+        results = [await prefill(ids, body) for ids, _ in prompts]
+        build = Builder.of(body, body.model or model, tokenizer, vocab)
+        choices: list[list[Step]] = []
+        for ids, text in prompts:
+            echo = None
+            if not chat and body.echo:
+                echo = (
+                    text if text is not None else tokenizer.decode(ids) if tokenizer else "",
+                    ids,
+                )
+            for c in range(body.n):
+                choices.append(build.steps(output_ids([*ids, c], body.output_tokens, vocab), echo))
+        completion_tokens = sum(s.tokens for steps in choices for s in steps)
         cached = sum(r.cached_tokens for r in results)
-        usage = usage_of(prompt_tokens, count * len(pieces), cached)
-        build = Builder(chat, body.model or model)
+        usage = usage_of(sum(r.prompt_tokens for r in results), completion_tokens, cached)
+        load["tokens"] += completion_tokens
         if not body.stream:
+            load["finished"] += len(choices)
             kv = {
                 "worker_id": wid,
                 "gpu_cached_tokens": sum(r.gpu_cached_tokens for r in results),
@@ -156,13 +196,18 @@ def create_app(
                 "offloaded_blocks": sum(r.offloaded_blocks for r in results),
                 "computed_blocks": sum(r.computed_blocks for r in results),
             }
-            return JSONResponse(build.response(["".join(p) for p in pieces], usage, kv))
+            return JSONResponse(build.response(choices, usage, kv))
+        prompt_tokens = [len(ids) for ids, _ in prompts for _ in range(body.n)]
+        frames_of = build.stream_chunks(
+            choices, prompt_tokens, usage if body.include_usage else None, body.continuous_usage
+        )
 
         async def frames() -> AsyncIterator[bytes]:
             http_stats["streams"] += 1
+            load["running"] += 1
             completed = False
             try:
-                for frame in build.stream_chunks(pieces, usage if body.include_usage else None):
+                for frame in frames_of:
                     if frame is None:
                         if token_delay_s > 0:
                             await asyncio.sleep(token_delay_s)
@@ -170,25 +215,30 @@ def create_app(
                     yield frame
                 completed = True
             finally:
+                load["running"] -= 1
+                load["finished"] += len(choices) if completed else 0
                 http_stats["streams_completed" if completed else "streams_cancelled"] += 1
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
-        check_model(body.model)
-        prompts = [to_ids(p, body.add_special_tokens) for p in prompts_of(body)]
-        return await run(False, body, prompts, body.max_tokens)
+        check(body)
+        prompts = [
+            (to_ids(p, body.add_special_tokens), p if isinstance(p, str) else None)
+            for p in prompts_of(body)
+        ]
+        return await run(False, body, prompts)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest) -> Any:
-        check_model(body.model)
+        check(body)
         tok = need_tokenizer("chat")
         try:
             ids = tok.encode_chat(body.model_dump())
         except ValueError as exc:  # TokenizationError: bad messages or template failure
             raise _Reject(400, "invalid_request", str(exc)) from None
-        return await run(True, body, [ids], body.output_tokens)
+        return await run(True, body, [(ids, None)])
 
     @app.post("/tokenize")
     async def tokenize(body: dict[str, Any]) -> dict[str, Any]:
@@ -203,7 +253,10 @@ def create_app(
                 raise _Reject(422, "invalid_request", "send 'prompt' (text) or 'messages'")
         except ValueError as exc:
             raise _Reject(400, "invalid_request", str(exc)) from None
-        return {"count": len(ids), "max_model_len": 1 << 20, "tokens": ids}
+        strs = None
+        if body.get("return_token_strs"):
+            strs = [tok.tokenizer.id_to_token(t) for t in ids]
+        return {"count": len(ids), "max_model_len": 1 << 20, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(body: dict[str, Any]) -> dict[str, Any]:
