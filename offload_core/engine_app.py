@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any
 
 import zmq
@@ -47,14 +49,33 @@ DEFAULT_MODEL = "kvroute-sim"
 VLLM_VERSION = "0.33.0"  # the vLLM whose OpenAI server this one answers like (/version)
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+def _error(
+    status: int, message: str, kind: str | None = None, param: str | None = None
+) -> JSONResponse:
+    """vLLM 0.33's error body: ``{"error": {"message", "type", "param", "code"}}``, its
+    ``code`` the status, its ``type`` an exception-style name for a refused request
+    (``BadRequestError``, ``NotFoundError``) or the HTTP phrase otherwise."""
+    kind = kind or HTTPStatus(status).phrase
+    body = {"message": message, "type": kind, "param": param, "code": status}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+_INTERNAL = re.compile(r"[\[\]{}()]")
+_WRAPPERS = frozenset({"union", "tagged-union", "chain", "default", "nullable", "lax-or-strict"})
 
 
 class _Reject(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    """A request refused as vLLM refuses it (400 ``BadRequestError`` unless told)."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        kind: str = "BadRequestError",
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.kind, self.message, self.param = status, kind, message, param
 
 
 def create_app(
@@ -87,17 +108,24 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}")
+        # As vLLM: 400 "Bad Request", ``param`` the first error's field.
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        # pydantic's own wrapper segments ("list[int]", "function-after[...]") are not
+        # fields a client knows: vLLM leaves them out of ``param``.
+        loc = [str(p) for p in first.get("loc", ())]
+        loc = [p for p in loc if not _INTERNAL.search(p) and p not in _WRAPPERS] or loc
+        label = "error" if len(errors) == 1 else "errors"
+        lines = "".join(f"\n  {e.get('loc')}: {e.get('msg')}" for e in errors[:10])
+        return _error(400, f"{len(errors)} validation {label}:{lines}", param=".".join(loc) or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, "http_error", str(exc.detail))
+        return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(_Reject)
     async def _reject(_: Request, exc: _Reject) -> JSONResponse:
-        return _error(exc.status, exc.code, exc.message)
+        return _error(exc.status, exc.message, exc.kind, exc.param)
 
     @app.get("/health")
     @app.get("/healthz")
@@ -126,22 +154,23 @@ def create_app(
 
     def need_tokenizer(what: str) -> Any:
         if tokenizer is None:
-            raise _Reject(422, "invalid_request", f"{what} needs a tokenizer (--tokenizer PATH)")
+            raise _Reject(f"{what} needs a tokenizer (--tokenizer PATH)")
         return tokenizer
 
     def check_model(name: str | None) -> None:
         if strict_model and name and name != model:  # vLLM: an empty name is the base model
             raise _Reject(
-                404,
-                "model_not_found",
                 f"The model `{name}` does not exist. Valid aliases: {model}.",
+                404,
+                "NotFoundError",
+                "model",
             )
 
     def check(body: CompletionRequest | ChatRequest) -> None:
         check_model(body.model)
         message = refusal(body, vocab)
         if message is not None:
-            raise _Reject(400, "invalid_request", message)
+            raise _Reject(message)
 
     def to_ids(prompt: list[int] | str, add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -149,7 +178,7 @@ def create_app(
         try:
             check_ids(prompt)
         except ValueError as exc:
-            raise _Reject(422, "invalid_request", str(exc)) from None
+            raise _Reject(str(exc)) from None
         return prompt
 
     async def prefill(ids: list[int], body: Any) -> Any:
@@ -165,7 +194,7 @@ def create_app(
                 await asyncio.sleep((run.prompt_tokens - run.cached_tokens) * prefill_s_per_token)
             return run
         except RequestTooLargeError as exc:
-            raise _Reject(400, "prompt_too_long", str(exc)) from None
+            raise _Reject(str(exc)) from None
         finally:
             load["running"] -= 1
             lock.release()
@@ -237,7 +266,7 @@ def create_app(
         try:
             ids = tok.encode_chat(body.model_dump())
         except ValueError as exc:  # TokenizationError: bad messages or template failure
-            raise _Reject(400, "invalid_request", str(exc)) from None
+            raise _Reject(str(exc)) from None
         return await run(True, body, [(ids, None)])
 
     @app.post("/tokenize")
@@ -250,9 +279,9 @@ def create_app(
             elif isinstance(body.get("prompt"), str):
                 ids = tok.encode(body["prompt"], bool(body.get("add_special_tokens", True)))
             else:
-                raise _Reject(422, "invalid_request", "send 'prompt' (text) or 'messages'")
+                raise _Reject("send 'prompt' (text) or 'messages'")
         except ValueError as exc:
-            raise _Reject(400, "invalid_request", str(exc)) from None
+            raise _Reject(str(exc)) from None
         strs = None
         if body.get("return_token_strs"):
             strs = [tok.tokenizer.id_to_token(t) for t in ids]
@@ -263,13 +292,13 @@ def create_app(
         check_model(body.get("model"))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise _Reject(422, "invalid_request", "'tokens' must be a list of token ids")
+            raise _Reject("'tokens' must be a list of token ids")
         # vLLM answers 400 for an id that is negative or does not fit the tokenizer's u32
         # (DetokenizeRequest's bounds, then OverflowError, both 400); an id past the
         # vocabulary but within u32 decodes to nothing there, so it does here too.
         bad = next((t for t in tokens if not 0 <= t < 1 << 32), None)
         if bad is not None:
-            raise _Reject(400, "invalid_request", f"Token id {bad} is out of vocabulary")
+            raise _Reject(f"Token id {bad} is out of vocabulary")
         return {"prompt": need_tokenizer("detokenize").decode(tokens)}
 
     @app.post("/reset_prefix_cache")
@@ -277,7 +306,7 @@ def create_app(
         async with lock:
             ok = await asyncio.to_thread(engine.reset_prefix_cache)
         if not ok:
-            return _error(409, "blocks_in_use", "blocks are in use; try again")
+            return _error(409, "blocks are in use; try again")
         return JSONResponse({"reset": True})
 
     return app

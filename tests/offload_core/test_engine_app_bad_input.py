@@ -42,7 +42,7 @@ def json_error(r: httpx.Response, status: int) -> str:
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith("application/json"), r.text
     error = r.json()["error"]
-    assert error["code"] == "invalid_request"
+    assert (error["code"], error["type"]) == (400, "BadRequestError"), error  # vLLM's shape
     return str(error["message"])
 
 
