@@ -137,10 +137,11 @@ class SimEngine:
         cache_salt: str | None = None,
         lora_name: str | None = None,
         max_tokens: int = 1,
+        output: Sequence[int] = (),
     ) -> RequestResult:
         """Prefill one prompt the way vLLM's scheduler and cache manager would (hit,
         CPU load-back as external tokens, mamba-aligned chunks), then decode
-        ``max_tokens - 1`` tokens, free, publish."""
+        ``max_tokens - 1`` tokens (``output``'s, where given), free, publish."""
         self._seq += 1
         req = VRequest(
             f"req-{self._seq}",
@@ -155,7 +156,9 @@ class SimEngine:
         )
         self._offloaded = 0
         try:
-            run = serve_request(self.kv, req, self._external_hit, max_tokens, self._after_alloc)
+            run = serve_request(
+                self.kv, req, self._external_hit, max_tokens, self._after_alloc, output
+            )
         except RequestTooLargeError:
             self.stats.rejected += 1
             self._collect()

@@ -181,7 +181,7 @@ def create_app(
             raise _Reject(str(exc)) from None
         return prompt
 
-    async def prefill(ids: list[int], body: Any) -> Any:
+    async def prefill(ids: list[int], body: Any, output: list[int]) -> Any:
         load["waiting"] += 1
         try:
             await lock.acquire()
@@ -189,7 +189,10 @@ def create_app(
             load["waiting"] -= 1
         load["running"] += 1
         try:
-            run = await asyncio.to_thread(engine.serve, ids, body.cache_salt, body.lora_name)
+            # The answer's tokens are decoded into the cache, as vLLM caches a request's
+            # full blocks of generated tokens (a later turn that sends them back hits).
+            args = (ids, body.cache_salt, body.lora_name, max(len(output), 1), output)
+            run = await asyncio.to_thread(engine.serve, *args)
             if prefill_s_per_token > 0:
                 await asyncio.sleep((run.prompt_tokens - run.cached_tokens) * prefill_s_per_token)
             return run
@@ -200,18 +203,24 @@ def create_app(
             lock.release()
 
     async def run(chat: bool, body: Any, prompts: list[tuple[list[int], str | None]]) -> Any:
-        results = [await prefill(ids, body) for ids, _ in prompts]
+        outputs = [
+            [output_ids([*ids, c], body.output_tokens, vocab) for c in range(body.n)]
+            for ids, _ in prompts
+        ]
+        # One request per prompt; with n > 1 only the first choice is decoded into the cache.
+        results = [
+            await prefill(p[0], body, out[0]) for p, out in zip(prompts, outputs, strict=True)
+        ]
         build = Builder.of(body, body.model or model, tokenizer, vocab)
         choices: list[list[Step]] = []
-        for ids, text in prompts:
+        for (ids, text), out in zip(prompts, outputs, strict=True):
             echo = None
             if not chat and body.echo:
                 echo = (
                     text if text is not None else tokenizer.decode(ids) if tokenizer else "",
                     ids,
                 )
-            for c in range(body.n):
-                choices.append(build.steps(output_ids([*ids, c], body.output_tokens, vocab), echo))
+            choices += [build.steps(gen, echo) for gen in out]
         completion_tokens = sum(s.tokens for steps in choices for s in steps)
         cached = sum(r.cached_tokens for r in results)
         usage = usage_of(sum(r.prompt_tokens for r in results), completion_tokens, cached)

@@ -9,7 +9,7 @@ request is freed (tail first) when it finishes. Pure Python, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_core.kv_cache import RequestTooLargeError
@@ -69,8 +69,13 @@ def serve_request(
     external_hit: Callable[[VRequest, int], int] | None = None,
     max_tokens: int = 1,
     after_alloc: Callable[[VRequest, int, int, bool], tuple[int, int]] | None = None,
+    output: Sequence[int] = (),
 ) -> RunInfo:
     """Admit, prefill (chunked where mamba needs it), decode, free.
+
+    ``output``: the tokens "sampled", in order (the HTTP layer's answer), else a
+    deterministic stand-in; as in vLLM, every one but the last is decoded into the cache
+    (as far as the pool holds them: vLLM sizes its cache for a whole request).
 
     ``external_hit(req, local)`` returns the tokens a lower tier adds beyond the local
     hit; ``after_alloc(req, local, external, first)`` moves data after each allocation
@@ -102,6 +107,8 @@ def serve_request(
                 blocks if first else None,
                 num_external_computed_tokens=external if first else 0,
             )
+            if not ok and generated:
+                break  # the pool is full mid-answer: the rest of it is not cached
             if not ok:
                 raise RequestTooLargeError(
                     f"request {req.request_id} ({req.num_tokens} tokens) does not fit: "
@@ -119,7 +126,9 @@ def serve_request(
             generated += 1
             if generated >= max_tokens:
                 break
-            req.append_tokens([_next_token(req)])
+            req.append_tokens(
+                [output[generated - 1] if generated <= len(output) else _next_token(req)]
+            )
     finally:
         kv.free(req)
     return info
