@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from http import HTTPStatus
 from typing import Any
 
 import zmq
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from offload_core.engine import EngineConfig, SimEngine
+from offload_core.engine_errors import Reject, error_response, install_error_handlers
 from offload_core.engine_openai import (
     Builder,
     ChatRequest,
@@ -49,35 +46,6 @@ DEFAULT_MODEL = "kvroute-sim"
 VLLM_VERSION = "0.33.0"  # the vLLM whose OpenAI server this one answers like (/version)
 
 
-def _error(
-    status: int, message: str, kind: str | None = None, param: str | None = None
-) -> JSONResponse:
-    """vLLM 0.33's error body: ``{"error": {"message", "type", "param", "code"}}``, its
-    ``code`` the status, its ``type`` an exception-style name for a refused request
-    (``BadRequestError``, ``NotFoundError``) or the HTTP phrase otherwise."""
-    kind = kind or HTTPStatus(status).phrase
-    body = {"message": message, "type": kind, "param": param, "code": status}
-    return JSONResponse({"error": body}, status_code=status)
-
-
-_INTERNAL = re.compile(r"[\[\]{}()]")
-_WRAPPERS = frozenset({"union", "tagged-union", "chain", "default", "nullable", "lax-or-strict"})
-
-
-class _Reject(Exception):
-    """A request refused as vLLM refuses it (400 ``BadRequestError`` unless told)."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        kind: str = "BadRequestError",
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.message, self.param = status, kind, message, param
-
-
 def create_app(
     engine: SimEngine,
     *,
@@ -86,6 +54,7 @@ def create_app(
     strict_model: bool = False,
     token_delay_s: float = 0.0,
     prefill_s_per_token: float = 0.0,
+    lora_modules: Sequence[str] = (),
 ) -> FastAPI:
     """``tokenizer``: a ``schemas.tokenization.ModelTokenizer`` for text prompts and
     chat; ``token_delay_s``: the simulated time per generated token (streams pace by it);
@@ -106,26 +75,7 @@ def create_app(
 
     app = FastAPI(title=f"kvroute engine {wid}", lifespan=lifespan)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        # As vLLM: 400 "Bad Request", ``param`` the first error's field.
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        # pydantic's own wrapper segments ("list[int]", "function-after[...]") are not
-        # fields a client knows: vLLM leaves them out of ``param``.
-        loc = [str(p) for p in first.get("loc", ())]
-        loc = [p for p in loc if not _INTERNAL.search(p) and p not in _WRAPPERS] or loc
-        label = "error" if len(errors) == 1 else "errors"
-        lines = "".join(f"\n  {e.get('loc')}: {e.get('msg')}" for e in errors[:10])
-        return _error(400, f"{len(errors)} validation {label}:{lines}", param=".".join(loc) or None)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(_Reject)
-    async def _reject(_: Request, exc: _Reject) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.kind, exc.param)
+    install_error_handlers(app)
 
     @app.get("/health")
     @app.get("/healthz")
@@ -150,16 +100,19 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {"id": model, "object": "model", "created": 0, "owned_by": "kvroute", "root": model}
-        return {"object": "list", "data": [card]}
+        # As vLLM lists a LoRA adapter: its own card, the base model as ``parent``.
+        adapters = [{**card, "id": n, "root": f"lora://{n}", "parent": model} for n in lora_modules]
+        return {"object": "list", "data": [card, *adapters]}
 
     def need_tokenizer(what: str) -> Any:
         if tokenizer is None:
-            raise _Reject(f"{what} needs a tokenizer (--tokenizer PATH)")
+            raise Reject(f"{what} needs a tokenizer (--tokenizer PATH)")
         return tokenizer
 
     def check_model(name: str | None) -> None:
-        if strict_model and name and name != model:  # vLLM: an empty name is the base model
-            raise _Reject(
+        # vLLM: an empty name is the base model; an adapter's name selects the adapter.
+        if strict_model and name and name != model and name not in lora_modules:
+            raise Reject(
                 f"The model `{name}` does not exist. Valid aliases: {model}.",
                 404,
                 "NotFoundError",
@@ -170,7 +123,7 @@ def create_app(
         check_model(body.model)
         message = refusal(body, vocab)
         if message is not None:
-            raise _Reject(message)
+            raise Reject(message)
 
     def to_ids(prompt: list[int] | str, add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -178,7 +131,7 @@ def create_app(
         try:
             check_ids(prompt)
         except ValueError as exc:
-            raise _Reject(str(exc)) from None
+            raise Reject(str(exc)) from None
         return prompt
 
     async def prefill(ids: list[int], body: Any, output: list[int]) -> Any:
@@ -191,13 +144,15 @@ def create_app(
         try:
             # The answer's tokens are decoded into the cache, as vLLM caches a request's
             # full blocks of generated tokens (a later turn that sends them back hits).
-            args = (ids, body.cache_salt, body.lora_name, max(len(output), 1), output)
+            # vLLM selects a LoRA adapter by ``model``; ``lora_name`` is this engine's own.
+            lora = body.model if body.model in lora_modules else body.lora_name
+            args = (ids, body.cache_salt, lora, max(len(output), 1), output)
             run = await asyncio.to_thread(engine.serve, *args)
             if prefill_s_per_token > 0:
                 await asyncio.sleep((run.prompt_tokens - run.cached_tokens) * prefill_s_per_token)
             return run
         except RequestTooLargeError as exc:
-            raise _Reject(str(exc)) from None
+            raise Reject(str(exc)) from None
         finally:
             load["running"] -= 1
             lock.release()
@@ -275,7 +230,7 @@ def create_app(
         try:
             ids = tok.encode_chat(body.model_dump())
         except ValueError as exc:  # TokenizationError: bad messages or template failure
-            raise _Reject(str(exc)) from None
+            raise Reject(str(exc)) from None
         return await run(True, body, [(ids, None)])
 
     @app.post("/tokenize")
@@ -288,9 +243,9 @@ def create_app(
             elif isinstance(body.get("prompt"), str):
                 ids = tok.encode(body["prompt"], bool(body.get("add_special_tokens", True)))
             else:
-                raise _Reject("send 'prompt' (text) or 'messages'")
+                raise Reject("send 'prompt' (text) or 'messages'")
         except ValueError as exc:
-            raise _Reject(str(exc)) from None
+            raise Reject(str(exc)) from None
         strs = None
         if body.get("return_token_strs"):
             strs = [tok.tokenizer.id_to_token(t) for t in ids]
@@ -301,13 +256,13 @@ def create_app(
         check_model(body.get("model"))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise _Reject("'tokens' must be a list of token ids")
+            raise Reject("'tokens' must be a list of token ids")
         # vLLM answers 400 for an id that is negative or does not fit the tokenizer's u32
         # (DetokenizeRequest's bounds, then OverflowError, both 400); an id past the
         # vocabulary but within u32 decodes to nothing there, so it does here too.
         bad = next((t for t in tokens if not 0 <= t < 1 << 32), None)
         if bad is not None:
-            raise _Reject(f"Token id {bad} is out of vocabulary")
+            raise Reject(f"Token id {bad} is out of vocabulary")
         return {"prompt": need_tokenizer("detokenize").decode(tokens)}
 
     @app.post("/reset_prefix_cache")
@@ -315,7 +270,7 @@ def create_app(
         async with lock:
             ok = await asyncio.to_thread(engine.reset_prefix_cache)
         if not ok:
-            return _error(409, "blocks are in use; try again")
+            return error_response(409, "blocks are in use; try again")
         return JSONResponse({"reset": True})
 
     return app
@@ -348,6 +303,7 @@ def run_server(
     token_delay_s: float = 0.0,
     publish_mode: PublishMode = "bind",
     prefill_s_per_token: float = 0.0,
+    lora_modules: Sequence[str] = (),
 ) -> int:
     """Run ``kvroute engine`` until interrupted."""
     import uvicorn
@@ -392,6 +348,7 @@ def run_server(
             strict_model=model is not None,  # like vLLM: 404 for another model's name
             token_delay_s=token_delay_s,
             prefill_s_per_token=prefill_s_per_token,
+            lora_modules=lora_modules,
         )
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     # The OpenAI API (offload_core/engine_app.py): text prompts and chat need a tokenizer.
     add("--tokenizer", default=None, help="dir with tokenizer.json (text, chat)")
     add("--served-model-name", default=None, help="its model (default kvroute-sim, any name ok)")
+    add(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME[=PATH]",
+        help="LoRA adapters served by name as vLLM's flag lists them (the path is ignored)",
+    )
     add("--token-delay-ms", type=float, default=0.0, help="simulated decode step")
     add(
         "--prefill-us-per-token",
@@ -157,4 +164,5 @@ def main(argv: list[str]) -> int:
         token_delay_s=args.token_delay_ms / 1000,
         publish_mode=args.publish_mode,
         prefill_s_per_token=args.prefill_us_per_token / 1e6,
+        lora_modules=[m.partition("=")[0] for m in args.lora_modules],
     )

@@ -129,6 +129,14 @@ class Proxy:
                 return h.cards[name]
         return None
 
+    def adapter(self, model: object) -> str | None:
+        """``model`` when it names a LoRA adapter (its card names the base model as
+        ``parent``, as vLLM lists adapters): vLLM selects an adapter by ``model`` and hashes
+        the request's blocks with the adapter's name, so the score must too."""
+        card = self.model_card(model) if isinstance(model, str) else None
+        parent = card.get("parent") if card is not None else None
+        return model if isinstance(model, str) and parent and parent != model else None
+
     def candidates(self, model: str | None) -> list[str]:
         """Live workers serving ``model``; 404 when none serves it, 503 when none is live.
 
@@ -189,6 +197,8 @@ class Proxy:
         if not tokens:
             return [_NoScore(w) for w in workers]
         lora, salt = body.get("lora_name"), body.get("cache_salt")
+        if not isinstance(lora, str):
+            lora = self.adapter(body.get("model"))
         try:
             result = await self.service.score_result(
                 tokens,
