@@ -84,33 +84,14 @@ while i <= nargs do
   i = i + 1
   local op = hdr[1]
   if op == '4' then
-    -- A batch boundary: apply what follows only if this seq is new for the rank (read
-    -- only). The seq is recorded last, once every write of the call went through: Redis
-    -- keeps what a failing script wrote, so a batch noted first stayed "applied".
-    -- A newer seq whose predecessor (hdr[5], absent: any) is not the rank's last is
-    -- deferred: the replica that cleared the worker is rebuilding it in order
-    -- (router.index.base.seq_verdict, the same rule).
-    local r, last, lastraw = hdr[2], nil, nil
-    if SEQ[r] then
-      last, lastraw = SEQ[r][1], SEQ[r][3]
-    else
-      local cur = redis.call('HGET', S, r)
-      if cur then
-        lastraw = string.match(cur, '^(-?%d+)')
-        last = tonumber(lastraw)
-      end
-    end
-    local f = hdr[5]
-    skip = last ~= nil and tonumber(hdr[3]) <= last
-    if skip then
+    -- A batch boundary (seq_boundary, in the prelude): apply what follows only if it is
+    -- new for the rank and follows the rank's last seq; recorded last (see there).
+    local v, at = seq_boundary(S, SEQ, ranks, hdr)
+    skip = v ~= 1
+    if v == 0 then
       skipped = skipped + 1
-    elseif f ~= nil and f ~= '-2' and f ~= (lastraw or '-1') then
-      skip = true
-      deferred = deferred + 1
-      deferred_at = lastraw or '-1'
-    else
-      if not SEQ[r] then ranks[#ranks + 1] = r end
-      SEQ[r] = {tonumber(hdr[3]), hdr[3] .. ':' .. hdr[4], hdr[3]}
+    elseif v < 0 then
+      deferred, deferred_at = deferred + 1, at
     end
   elseif skip then
     -- Consume the skipped op's arguments without running it.

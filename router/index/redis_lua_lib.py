@@ -171,5 +171,29 @@ local function flush_counts()
 end
 -- Per call: whether a worker's copies hash exists, and a ghost generation's size.
 local has_copies, ghosts = {}, {}
+-- A batch boundary "4 rank seq fingerprint [follows]": 1 apply (noted in SEQ, ranks), 0
+-- skip (applied already), -1 defer (a newer seq whose predecessor ``follows``, absent:
+-- any, is not the rank's last; the replica that cleared the worker rebuilds it in order),
+-- and the rank's last seq as read ('-1': none). router.index.base.seq_verdict has the same
+-- rule. Reads only: the seqs are written last, once every write of the call went through
+-- (Redis keeps what a failing script wrote, so a batch noted first stayed "applied").
+local function seq_boundary(S, SEQ, ranks, hdr)
+  local r, last, lastraw = hdr[2], nil, nil
+  if SEQ[r] then
+    last, lastraw = SEQ[r][1], SEQ[r][3]
+  else
+    local cur = redis.call('HGET', S, r)
+    if cur then
+      lastraw = string.match(cur, '^(-?%d+)')
+      last = tonumber(lastraw)
+    end
+  end
+  local f = hdr[5]
+  if last ~= nil and tonumber(hdr[3]) <= last then return 0, lastraw end
+  if f ~= nil and f ~= '-2' and f ~= (lastraw or '-1') then return -1, lastraw or '-1' end
+  if not SEQ[r] then ranks[#ranks + 1] = r end
+  SEQ[r] = {tonumber(hdr[3]), hdr[3] .. ':' .. hdr[4], hdr[3]}
+  return 1, lastraw
+end
 """
 )
