@@ -19,11 +19,10 @@ Reported per target, from the engines' own ``/stats`` (not the router's): hit ra
 (cached prompt tokens / prompt tokens), imbalance (most requests on one engine / the
 mean), p50/p99 request latency under the workload (confounded by the hit rate and by CPU
 contention on a small machine), and added p50 from a separate probe after each target's
-run: sequential requests through the router vs straight to an engine.
-Routers come from ``.venv-peers/`` (``make bench-proxy-peers`` installs them).
-Run: ``python benchmarks/proxy_reuse.py [--conversations 48] [--turns 6] [--clients 8]
-[--runs 3] [--kvroute-weights '{"decode": 32}'] [--json OUT]`` (``make
-bench-proxy-peers``); the table gives min-max over the runs. Loopback only.
+run: sequential requests through the router vs straight to an engine. Peers come from
+``.venv-peers/``. Run: ``make bench-proxy-peers`` (installs them), or ``python
+benchmarks/proxy_reuse.py [--conversations 48] [--turns 6] [--clients 8] [--runs 3]
+[--kvroute-weights '{"decode": 32}'] [--json OUT]``: min-max over the runs. Loopback only.
 """
 
 from __future__ import annotations
@@ -47,16 +46,7 @@ import httpx
 import openai
 from tokenizers import Tokenizer
 
-from benchmarks.proxy import (
-    MODEL,
-    REPO,
-    TOKENIZER,
-    report,
-    start,
-    stop_all,
-    wait_http,
-    wait_live,
-)
+from benchmarks.proxy import MODEL, REPO, TOKENIZER, report, start, stop_all, wait_http, wait_live
 from benchmarks.stats import pct
 from router.netutil import free_ports
 
