@@ -24,12 +24,17 @@ from router.bench.trace_replay import (
     full_groups_only,
     replay,
 )
+from router.bench.usage import usage_problem
 from router.bench.workload_prep import (
     DEFAULT_TRACE,
     load_workload,
     mix_arg,
+    non_negative_float,
+    non_negative_int,
     parse_floats,
     parse_slice,
+    positive_float,
+    positive_int,
 )
 from router.bench.workloads import Request
 from router.routing.policy import (
@@ -60,6 +65,8 @@ def _weights(text: str | None) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep:
             raise argparse.ArgumentTypeError(f"bad weight {item!r}: expected NAME=VALUE")
+        if name.strip() in values:  # the last one won, silently
+            raise argparse.ArgumentTypeError(f"weight {name.strip()!r} given twice")
         values[name.strip()] = value
     try:
         policy_weights(values)
@@ -70,13 +77,16 @@ def _weights(text: str | None) -> dict[str, str]:
 
 def _common(p: argparse.ArgumentParser, groups: str) -> None:
     p.add_argument("--trace", default=None, help=f"Mooncake JSONL (e.g. {DEFAULT_TRACE})")
-    p.add_argument("--synthetic", type=int, default=None, metavar="N",
+    p.add_argument("--synthetic", type=positive_int, default=None, metavar="N",
                    help="use N synthetic requests instead of a trace")  # fmt: skip
-    p.add_argument("--limit", type=int, default=None, help="first K trace lines only")
-    p.add_argument("--time-scale", type=float, default=1.0, help="speed arrivals up by this")
-    p.add_argument("--workers", type=int, default=8, help="simulated engines in the fleet")
-    p.add_argument("--gpu-blocks", type=int, default=DEFAULT_GPU_BLOCKS, help="GPU blocks each")
-    p.add_argument("--block-size", type=int, default=512,
+    p.add_argument("--limit", type=positive_int, default=None, help="first K trace lines only")
+    p.add_argument("--time-scale", type=positive_float, default=None,
+                   help="speed arrivals up by this (default 1)")  # fmt: skip
+    p.add_argument("--workers", type=positive_int, default=8,
+                   help="simulated engines in the fleet")  # fmt: skip
+    p.add_argument("--gpu-blocks", type=positive_int, default=DEFAULT_GPU_BLOCKS,
+                   help="GPU blocks each")  # fmt: skip
+    p.add_argument("--block-size", type=positive_int, default=512,
                    help="engine block size (512: one Mooncake hash id = one block)")  # fmt: skip
     p.add_argument("--groups", default=groups,
                    help="KV cache groups; {bs} stands for --block-size")  # fmt: skip
@@ -88,11 +98,12 @@ def _common(p: argparse.ArgumentParser, groups: str) -> None:
     p.add_argument("--weights", type=_weights, default=None,
                    help="kv_aware weights on top of --profile, e.g. "
                    "decode=128,balance_slack=0.2")  # fmt: skip
-    p.add_argument("--prefill-tps", type=float, default=_COST.prefill_tps,
+    p.add_argument("--prefill-tps", type=positive_float, default=_COST.prefill_tps,
                    help="simulated prefill throughput, tokens/s")  # fmt: skip
-    p.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token,
+    p.add_argument("--decode-s-per-token", type=non_negative_float,
+                   default=_COST.decode_s_per_token,
                    help="simulated decode time per output token, s")  # fmt: skip
-    p.add_argument("--event-delay", type=float, default=0.0,
+    p.add_argument("--event-delay", type=non_negative_float, default=0.0,
                    help="seconds between an engine's change and the router seeing it")  # fmt: skip
     p.add_argument("--hold-blocks", action=argparse.BooleanOptionalAction, default=None,
                    help="requests keep their blocks until they finish "
@@ -101,19 +112,19 @@ def _common(p: argparse.ArgumentParser, groups: str) -> None:
                    help="simple: one prefill at a time, free decode (the original figures); "
                    "charged: continuous batching, held blocks, learned speeds "
                    "(docs/routing.md)")  # fmt: skip
-    p.add_argument("--long-prefill-threshold", type=int, default=0,
+    p.add_argument("--long-prefill-threshold", type=non_negative_int, default=0,
                    help="charged engines: vLLM's --long-prefill-token-threshold "
                    "(0: off, vLLM's default)")  # fmt: skip
     p.add_argument("--worker-speeds", type=parse_floats, default=(),
                    help="per-worker speed factors, cycled (charged), e.g. 1,1,0.5")  # fmt: skip
-    p.add_argument("--load", type=float, default=None,
+    p.add_argument("--load", type=positive_float, default=None,
                    help="rescale arrivals to this offered load (see docs)")  # fmt: skip
     p.add_argument("--slice", type=parse_slice, default=None,
                    help="a:b: replay this fraction of the requests only")  # fmt: skip
     p.add_argument("--mix", type=mix_arg, default=None,
                    help="synthetic chat,agent,fanout session weights, e.g. 1,0,0")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="processes to spread the fleets over")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON only")
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
@@ -327,6 +338,10 @@ def engine_mismatch(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
+    problem = usage_problem(args)
+    if problem is not None:
+        print(f"kvroute bench {args.bench}: error: {problem}", file=sys.stderr)
+        return 2
     try:
         note = engine_mismatch(args)
         if note is not None:
@@ -336,10 +351,14 @@ def main(argv: Sequence[str]) -> int:
         print(f"kvroute bench: {exc}", file=sys.stderr)
         return 2
     text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
     if args.json:
         print(text)
     else:
         _print_table(result, f"kvroute bench {args.bench}")
+    if args.out is not None:
+        try:
+            Path(args.out).write_text(text + "\n")
+        except OSError as exc:  # checked before the run; what the check cannot see
+            print(f"kvroute bench: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     return 0

@@ -11,6 +11,7 @@ over the cached context) plus each output token's share of decode.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
@@ -68,10 +69,14 @@ def time_scale_for(
     capacity: float,
 ) -> float:
     """The arrival speed-up that makes ``sum(work) / (capacity * span) == load``."""
-    if load <= 0:
-        raise ValueError("load must be positive")
+    if not 0 < load < math.inf:
+        raise ValueError("load must be a positive finite number")
     span = max(arrivals) - min(arrivals) if arrivals else 0.0
     total = sum(work)
-    if span <= 0 or total <= 0:
-        return 1.0
+    # Requests that all arrive at once (or bring no work) cannot be spread to any load:
+    # replaying them unscaled under a "load L" label reported figures of another load.
+    if span <= 0:
+        raise ValueError("--load needs requests that arrive at different times, not all at once")
+    if total <= 0:
+        raise ValueError("--load needs requests that bring work (all are free)")
     return load * capacity * span / total

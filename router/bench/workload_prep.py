@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -41,9 +42,51 @@ def parse_floats(text: str) -> tuple[float, ...]:
         values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"bad list {text!r}; positive numbers expected")
+    # NaN passed ``v <= 0`` and made every TTFT NaN; an infinite speed, a free engine.
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"bad list {text!r}; positive finite numbers expected")
     return values
+
+
+def _checked(text: str, value: float, strict: bool) -> None:
+    # NaN and infinities compare false or run away: every figure after them is garbage.
+    if not math.isfinite(value) or value < 0 or (strict and value == 0):
+        kind = "a whole number" if isinstance(value, int) else "a finite number"
+        raise argparse.ArgumentTypeError(f"{text!r}: need {kind} {'>' if strict else '>='} 0")
+
+
+def _int(text: str, strict: bool) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    _checked(text, value, strict)
+    return value
+
+
+def _float(text: str, strict: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    _checked(text, value, strict)
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _int(text, strict=True)
+
+
+def non_negative_int(text: str) -> int:
+    return _int(text, strict=False)
+
+
+def positive_float(text: str) -> float:
+    return _float(text, strict=True)
+
+
+def non_negative_float(text: str) -> float:
+    return _float(text, strict=False)
 
 
 def _cut(n: int, bounds: tuple[float, float] | None) -> slice:
@@ -66,6 +109,8 @@ def load_workload(args: argparse.Namespace) -> tuple[Iterable[Request], str, flo
         cfg = SyntheticConfig(requests=args.synthetic, seed=args.seed, mix=mix)
         reqs = synthetic_workload(cfg)[_cut(args.synthetic, args.slice)]
         label = f"synthetic({args.synthetic}, mix={mix}, seed={args.seed})"
+        if not reqs:
+            raise ValueError(f"{label}: {_nothing(args, args.synthetic)}")
         scale = 1.0
         if args.load is not None:
             bs = args.block_size
@@ -80,10 +125,19 @@ def load_workload(args: argparse.Namespace) -> tuple[Iterable[Request], str, flo
             reqs = [dataclasses.replace(r, arrival=r.arrival / scale) for r in reqs]
         return reqs, _label(label, args, scale), scale
     path = Path(args.trace or DEFAULT_TRACE)
-    trace = MooncakeTrace(path, limit=args.limit, seed=args.seed, time_scale=args.time_scale)
-    trace.records = trace.records[_cut(len(trace.records), args.slice)]
-    scale = args.time_scale
-    if args.load is not None and trace.records:
+    time_scale = 1.0 if args.time_scale is None else args.time_scale
+    trace = MooncakeTrace(path, limit=args.limit, seed=args.seed, time_scale=time_scale)
+    read = len(trace.records)
+    trace.records = trace.records[_cut(read, args.slice)]
+    # An empty trace (or one whose every line was malformed) replayed into figures of 0.0
+    # that read like a run; lines skipped as malformed are named with the figures.
+    n = trace.skipped
+    skipped = f", {n} malformed line{'s' if n > 1 else ''} skipped" if n else ""
+    if not trace.records:
+        what = f"{read} valid lines{skipped}" if read else f"no valid lines{skipped}"
+        raise ValueError(f"{path}: {what}: {_nothing(args, read)}")
+    scale = time_scale
+    if args.load is not None:
         if args.block_size != MOONCAKE_BLOCK:
             raise ValueError("--load on a Mooncake trace needs --block-size 512")
         recs = trace.records
@@ -95,7 +149,13 @@ def load_workload(args: argparse.Namespace) -> tuple[Iterable[Request], str, flo
         extra = time_scale_for(args.load, [r.arrival for r in recs], work, _capacity(args))
         trace.records = [dataclasses.replace(r, arrival=r.arrival / extra) for r in recs]
         scale *= extra
-    return trace, _label(f"{path.name} ({len(trace)} requests)", args, scale), scale
+    return trace, _label(f"{path.name} ({len(trace)} requests{skipped})", args, scale), scale
+
+
+def _nothing(args: argparse.Namespace, total: int) -> str:
+    if total and args.slice is not None:
+        return f"--slice {args.slice[0]:g}:{args.slice[1]:g} of {total} requests is empty"
+    return "no requests to replay"
 
 
 def _label(base: str, args: argparse.Namespace, scale: float) -> str:
@@ -109,6 +169,7 @@ def _label(base: str, args: argparse.Namespace, scale: float) -> str:
 
 def mix_arg(text: str) -> tuple[float, float, float]:
     values: Sequence[float] = [float(x) for x in text.split(",")]
-    if len(values) != 3 or any(v < 0 for v in values) or sum(values) <= 0:
+    bad = any(not math.isfinite(v) or v < 0 for v in values)
+    if len(values) != 3 or bad or sum(values) <= 0:
         raise argparse.ArgumentTypeError("--mix takes chat,agent,fanout weights, e.g. 1,0,0")
     return (values[0], values[1], values[2])

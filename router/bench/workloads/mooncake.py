@@ -12,6 +12,7 @@ several times costs a numpy expansion per request, not gigabytes of lists.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from router.ratelimited_log import RateLimitedLog
 log = logging.getLogger(__name__)
 
 MOONCAKE_BLOCK = 512
+_MAX_HASH_ID = 2**64 - 1
 
 
 class _Line(msgspec.Struct):
@@ -65,6 +67,8 @@ def _validate(line: _Line) -> str | None:
         return "negative output_length or timestamp"
     if any(h < 0 for h in line.hash_ids):
         return "negative hash id"
+    if any(h > _MAX_HASH_ID for h in line.hash_ids):
+        return "hash id above 2**64 - 1"  # token expansion is uint64 arithmetic
     return None
 
 
@@ -72,7 +76,8 @@ class MooncakeTrace:
     """A Mooncake trace: ``records`` (validated lines) and iteration as ``Request``.
 
     Malformed or inconsistent lines are skipped and counted in ``skipped`` (logged rate-limited),
-    never fatal. ``time_scale`` divides inter-arrival times (2.0 = twice as fast).
+    never fatal. Records are in arrival order (a stable sort by ``timestamp``), timed from
+    the earliest. ``time_scale`` divides inter-arrival times (2.0 = twice as fast).
     """
 
     def __init__(
@@ -84,8 +89,8 @@ class MooncakeTrace:
         vocab: int = DEFAULT_VOCAB,
         time_scale: float = 1.0,
     ) -> None:
-        if time_scale <= 0:
-            raise ValueError("time_scale must be positive")
+        if not 0 < time_scale < math.inf:
+            raise ValueError("time_scale must be a positive finite number")
         self.path = Path(path)
         self.seed = seed
         self.vocab = vocab
@@ -93,10 +98,10 @@ class MooncakeTrace:
         self._limited = RateLimitedLog(log, burst=5, interval_s=10.0)
         self.records: list[TraceRecord] = []
         decoder = msgspec.json.Decoder(_Line)
-        t0: float | None = None
+        lines: list[_Line] = []
         with self.path.open("rb") as fh:
             for lineno, raw in enumerate(fh):
-                if limit is not None and len(self.records) >= limit:
+                if limit is not None and len(lines) >= limit:
                     break
                 if not raw.strip():
                     continue
@@ -109,16 +114,21 @@ class MooncakeTrace:
                 if problem is not None:
                     self._skip(lineno, problem)
                     continue
-                t0 = line.timestamp if t0 is None else t0
-                self.records.append(
-                    TraceRecord(
-                        index=len(self.records),
-                        arrival=(line.timestamp - t0) / 1000.0 / time_scale,
-                        input_length=line.input_length,
-                        output_length=line.output_length,
-                        hash_ids=tuple(line.hash_ids),
-                    )
-                )
+                lines.append(line)
+        # Replayed in arrival order from the earliest: lines out of order arrived before
+        # the first one (negative times) and queued behind later work (inflated TTFTs).
+        lines.sort(key=lambda ln: ln.timestamp)
+        t0 = lines[0].timestamp if lines else 0.0
+        self.records = [
+            TraceRecord(
+                index=i,
+                arrival=(line.timestamp - t0) / 1000.0 / time_scale,
+                input_length=line.input_length,
+                output_length=line.output_length,
+                hash_ids=tuple(line.hash_ids),
+            )
+            for i, line in enumerate(lines)
+        ]
 
     def _skip(self, lineno: int, why: str) -> None:
         self.skipped += 1
