@@ -327,10 +327,14 @@ def parse_policy_settings(items: Sequence[str]) -> dict[str, dict[str, float]]:
         for pair in body.split(","):
             key, eq, raw = pair.partition("=")
             try:
-                if not eq:
+                value = float(raw) if eq else math.nan
+                if not 0 <= value < math.inf:  # weights, windows and caps: finite, >= 0
                     raise ValueError
-                values[key.strip()] = float(raw)
+                values[key.strip()] = value
             except ValueError:
-                raise ValueError(f"bad policy setting {pair!r} in {item!r}") from None
+                raise ValueError(
+                    f"bad policy setting {pair!r} in {item!r}: expected NAME=VALUE, "
+                    "a finite number >= 0"
+                ) from None
         make_policy(name.strip(), values)  # validate
     return out

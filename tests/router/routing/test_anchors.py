@@ -84,7 +84,9 @@ def test_anchor_settings_change_the_rule_and_are_checked() -> None:
         "llmd": {"kv_weight": 1.0, "queue_weight": 3.0},
         "dynamo": {"host_hit_weight": 1.0},
     }
-    for bad in ("llmd", "llmd:kv_weight", "llmd:kv_weight=x", "nope:a=1"):
+    # A NaN or infinite weight made every score NaN; a negative one inverted its term.
+    bad_values = ("llmd:kv_weight=nan", "llmd:kv_weight=inf", "llmd:kv_weight=-1")
+    for bad in ("llmd", "llmd:kv_weight", "llmd:kv_weight=x", "nope:a=1", *bad_values):
         with pytest.raises(ValueError):
             parse_policy_settings([bad])
     # The routing core makes its policies with the config's settings.
