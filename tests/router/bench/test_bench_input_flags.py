@@ -11,8 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from router.bench import main as bench_main
+from _bench_cli import run_bench
 
 SMALL = ["--workers", "2", "--jobs", "1", "--policy", "kv_aware", "--policy", "llmd", "--json"]
 
@@ -29,13 +28,7 @@ def trace(tmp_path: Path) -> Path:
 
 
 def _bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = bench_main(["routing", *SMALL, *argv])
-    except SystemExit as exc:  # argparse's usage errors
-        rc = int(exc.code or 0)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return rc, out.out, out.err
+    return run_bench(capsys, SMALL, *argv)
 
 
 def _last(err: str) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _bench_cli import run_bench
 
-from router.bench import main as bench_main
 from router.bench.workloads import MooncakeTrace
 
 SMALL = ["--workers", "2", "--jobs", "1", "--policy", "kv_aware", "--policy", "random", "--json"]
@@ -39,13 +39,8 @@ def _write(path: Path, rows: list[dict[str, Any] | str]) -> Path:
 def _bench(
     capsys: pytest.CaptureFixture[str], *argv: str
 ) -> tuple[int, dict[str, Any] | None, str]:
-    try:
-        rc = bench_main(["routing", *SMALL, *argv])
-    except SystemExit as exc:  # argparse's usage errors
-        rc = int(exc.code or 0)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return rc, (json.loads(out.out) if rc == 0 else None), out.err
+    rc, out, err = run_bench(capsys, SMALL, *argv)
+    return rc, (json.loads(out) if rc == 0 else None), err
 
 
 @pytest.mark.parametrize(
