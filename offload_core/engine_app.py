@@ -162,10 +162,13 @@ def create_app(
             [output_ids([*ids, c], body.output_tokens, vocab) for c in range(body.n)]
             for ids, _ in prompts
         ]
-        # One request per prompt; with n > 1 only the first choice is decoded into the cache.
-        results = [
-            await prefill(p[0], body, out[0]) for p, out in zip(prompts, outputs, strict=True)
-        ]
+        # As vLLM runs n > 1 (one child request per choice, each decoding its own answer
+        # into the cache); the usage is the first child's, the prompt counted once.
+        results = []
+        for (ids, _), out in zip(prompts, outputs, strict=True):
+            results.append(await prefill(ids, body, out[0]))
+            for answer in out[1:]:
+                await prefill(ids, body, answer)
         build = Builder.of(body, body.model or model, tokenizer, vocab)
         choices: list[list[Step]] = []
         for (ids, text), out in zip(prompts, outputs, strict=True):

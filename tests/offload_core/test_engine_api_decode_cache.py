@@ -38,3 +38,26 @@ def test_a_follow_up_that_sends_the_answer_back_hits_its_blocks(url: str) -> Non
     # 9 prompt + 8 decoded tokens were computed (the last sampled one never is): 4 full
     # blocks, 16 tokens, where the prompt alone holds 2.
     assert follow["usage"]["prompt_tokens_details"]["cached_tokens"] == 16
+
+
+def test_each_choice_of_n_is_decoded_into_the_cache(url: str) -> None:
+    """vLLM runs n > 1 as one child request per choice, each caching its own answer."""
+    prompt = list(range(200, 209))
+    first = httpx.post(
+        f"{url}/v1/completions",
+        json={
+            "prompt": prompt,
+            "max_tokens": 9,
+            "n": 2,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+        },
+        timeout=30,
+    ).json()
+    assert first["usage"]["prompt_tokens"] == 9  # the prompt counted once
+    second = next(c for c in first["choices"] if c["index"] == 1)
+    answer = [int(t.split(":")[1]) for t in second["logprobs"]["tokens"]]
+    follow = httpx.post(
+        f"{url}/v1/completions", json={"prompt": [*prompt, *answer, 5, 6, 7]}, timeout=30
+    ).json()
+    assert follow["usage"]["prompt_tokens_details"]["cached_tokens"] == 16
