@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from router.index.base import IndexBackend
     from router.ingest.index_watch import IndexWatch
     from router.ingest.ingestor import Ingestor
+    from router.ingest.listener import TopicListener
 
 
 class Subscriptions(Protocol):
@@ -86,6 +87,7 @@ class RouterMetrics:
         ingestor: Ingestor,
         subscriptions: Subscriptions,
         index_watch: Callable[[], IndexWatch | None] = lambda: None,
+        listener: Callable[[], TopicListener | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.score_latency = Histogram(
@@ -94,7 +96,7 @@ class RouterMetrics:
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 0.5),
             registry=self.registry,
         )
-        self._collector = _ServiceCollector(ingestor, subscriptions, index_watch)
+        self._collector = _ServiceCollector(ingestor, subscriptions, index_watch, listener)
         self.registry.register(self._collector)
         self._index = index
         self._ingestor = ingestor
@@ -133,10 +135,12 @@ class _ServiceCollector(Collector):
         ingestor: Ingestor,
         subscriptions: Subscriptions,
         index_watch: Callable[[], IndexWatch | None],
+        listener: Callable[[], TopicListener | None],
     ) -> None:
         self._ingestor = ingestor
         self._subscriptions = subscriptions
         self._index_watch = index_watch
+        self._listener = listener
         self.index_up = True
         self.index_stats: dict[str, int | float | str] = {}
         self.blocks: dict[str, dict[int, dict[str, int]]] = {}
@@ -211,6 +215,17 @@ class _ServiceCollector(Collector):
         )
         yield faulted
         yield GaugeMetricFamily("kvroute_workers", "registered workers", value=len(subs))
+        listener = self._listener()
+        yield CounterMetricFamily(
+            "kvroute_listener_unusable_frames",
+            "frames on --listen whose topic names no worker it can serve (logged rate-limited)",
+            value=listener.unknown_topics if listener is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "kvroute_listener_dispatch_errors",
+            "frames on --listen whose handling failed unexpectedly (logged rate-limited)",
+            value=listener.dispatch_errors if listener is not None else 0,
+        )
 
         for name, value in self._ingestor.counters.as_dict().items():
             yield CounterMetricFamily(

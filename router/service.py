@@ -97,7 +97,11 @@ class RouterService:
         self.subscriptions = SubscriptionManager(self.ingestor, s)
         self.registry = WorkerRegistry(s, self.index, self.ingestor, self.subscriptions)
         self.metrics = RouterMetrics(
-            self.index, self.ingestor, self.subscriptions, lambda: self.index_watch
+            self.index,
+            self.ingestor,
+            self.subscriptions,
+            lambda: self.index_watch,
+            lambda: self.listener,
         )
         # Appended to by the routing extension; read by dashboards.
         self.recent_routes: collections.deque[Any] = collections.deque(maxlen=s.recent_routes)

@@ -11,13 +11,16 @@ arrive through the shared socket instead of one of its own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 
 import zmq
 import zmq.asyncio
+from pydantic import ValidationError
 
 from router.config import RouterSettings, WorkerSpec
 from router.ingest.sub_socket import new_sub
@@ -58,9 +61,25 @@ class FedSubscription(WorkerSubscription):
         return
 
     async def feed(self, frames: list[bytes]) -> None:
+        if self._stopping:  # removed while the listener held it: nothing more to the index
+            return
         self.connected = self.ever_connected = True
+        self._last_frame_at = time.monotonic()
+        await self.maintain()
         await self._on_live(frames)
-        await self._writer.flush()
+        await self._flush()  # not the writer's: a failed write marks it faulted, repaired
+
+    async def maintain(self) -> None:
+        """What the loop of a worker with its own socket does between frames: a resync
+        asked for (the index lost its content) and the repair of a failed write. Without
+        a replay endpoint both clear the worker and rebuild from what follows."""
+        if self._resync_why is not None:
+            why, self._resync_why = self._resync_why, None
+            self._seq.forget_live()
+            await self._clear(why)
+            self.partial_history = True
+        if self._repair_at is not None and time.monotonic() >= self._repair_at:
+            await self._repair()
 
 
 class TopicListener:
@@ -76,6 +95,7 @@ class TopicListener:
         assert settings.listen is not None
         self.endpoint = settings.listen
         self.unknown_topics = 0
+        self.dispatch_errors = 0
         self._lookup = lookup
         self._register = register
         self._sock = new_sub(ctx, settings)
@@ -87,7 +107,19 @@ class TopicListener:
         try:
             while True:
                 frames = await self._sock.recv_multipart()
-                await self._dispatch(frames)
+                try:
+                    await self._dispatch(frames)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # one bad frame must not end every engine's feed
+                    self.dispatch_errors += 1
+                    self._limited.exception(
+                        "dispatch_failed",
+                        "listener: frame on topic %r failed (%s); %d so far",
+                        frames[0][:64] if frames else b"",
+                        exc,
+                        self.dispatch_errors,
+                    )
         finally:
             with contextlib.suppress(zmq.ZMQError):
                 self._sock.close(linger=0)
@@ -95,25 +127,22 @@ class TopicListener:
     async def _dispatch(self, frames: list[bytes]) -> None:
         parsed = parse_topic(frames[0]) if frames else None
         if parsed is None:
-            self.unknown_topics += 1
-            topic = frames[0][:64] if frames else b""
-            self._limited.warning(
-                ("topic", topic),
-                "listener: frame with unusable topic %r (%d so far)",
-                topic,
-                self.unknown_topics,
-            )
+            self._unusable(frames, "unusable topic")
             return
         worker_id, model = parsed
         sub = self._lookup(worker_id)
         if sub is None:
-            spec = WorkerSpec(
-                worker_id=worker_id,
-                endpoint=self.endpoint,
-                topic=frames[0].decode(),
-                model=model,
-                via_listener=True,
-            )
+            try:
+                spec = WorkerSpec(
+                    worker_id=worker_id,
+                    endpoint=self.endpoint,
+                    topic=frames[0].decode(),
+                    model=model,
+                    via_listener=True,
+                )
+            except ValidationError:  # e.g. a model name too long for a worker's spec
+                self._unusable(frames, "unusable topic (no valid worker spec)")
+                return
             sub = await self._register(spec)
             if sub is None:
                 self.unknown_topics += 1
@@ -121,4 +150,15 @@ class TopicListener:
         if isinstance(sub, FedSubscription):
             await sub.feed(frames)
         else:  # registered with its own socket too: its own loop ingests it
-            self.unknown_topics += 1
+            self._unusable(frames, f"topic names worker {worker_id}, which has its own socket")
+
+    def _unusable(self, frames: list[bytes], why: str) -> None:
+        self.unknown_topics += 1
+        topic = frames[0][:64] if frames else b""
+        self._limited.warning(
+            ("topic", topic),
+            "listener: frame with %s %r (%d so far)",
+            why,
+            topic,
+            self.unknown_topics,
+        )
