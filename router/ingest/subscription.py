@@ -10,8 +10,7 @@ batches through the ``Ingestor`` strictly in order, exactly once per (DP rank, s
   deduplicated by seq afterwards;
 * the replay starts after the missing seq (gap older than the publisher's buffer), fails,
   or there is no replay endpoint, or the seq goes backwards (the publisher restarted and
-  counts from 0 again) -> clear the worker's entries and rebuild from what follows.
-
+  counts from 0 again) -> clear the worker's entries and rebuild from what follows;
 * a (re)connect -> a catch-up replay shortly after, which also notices a publisher that
   restarted while we were away (its history no longer matches our last batch).
 
@@ -324,10 +323,11 @@ class WorkerSubscription(RecoveryMixin):
                 extra=self._event("publisher_restarted", rank=rank, seq=seq),
             )
             await self._resync_from(seq, batch, frames[2])
-        elif verdict is Verdict.JOIN:
+        elif verdict is Verdict.JOIN:  # mid-stream: fetch what is buffered, else unknown
             if self.spec.replay_endpoint is not None:
-                # Joined mid-stream: fetch the history still buffered, keep nothing old.
-                await self._recover(start=0, upto=seq)
+                await self._recover(start=0, upto=seq)  # keeping nothing old
+            else:
+                self._history_is_partial(seq)
             await self._apply_if_new(seq, batch, frames[2])
         else:
             self.counters.gaps += 1
