@@ -65,21 +65,9 @@ class FedSubscription(WorkerSubscription):
             return
         self.connected = self.ever_connected = True
         self._last_frame_at = time.monotonic()
-        await self.maintain()
+        await self._maintain()  # as a worker's own loop does between frames
         await self._on_live(frames)
         await self._flush()  # not the writer's: a failed write marks it faulted, repaired
-
-    async def maintain(self) -> None:
-        """What the loop of a worker with its own socket does between frames: a resync
-        asked for (the index lost its content) and the repair of a failed write. Without
-        a replay endpoint both clear the worker and rebuild from what follows."""
-        if self._resync_why is not None:
-            why, self._resync_why = self._resync_why, None
-            self._seq.forget_live()
-            await self._clear(why)
-            self.partial_history = True
-        if self._repair_at is not None and time.monotonic() >= self._repair_at:
-            await self._repair()
 
 
 class TopicListener:

@@ -76,16 +76,14 @@ class WorkerSubscription(RecoveryMixin):
         self.worker_id = spec.worker_id
         self.counters = WorkerCounters()
         self.decode_stats = DecodeStats()
-        self.connected = False
-        self.ever_connected = False
+        self.connected = self.ever_connected = False
         self.syncing = False
         self._ctx = ctx
         self._settings = settings
         self._seq = SeqTracker()
         self._writer = IndexWriter(spec.worker_id, ingestor, settings, self.counters)
         self._catch_up_at: float | None = None
-        self._registered_at = time.monotonic()
-        self._last_frame_at = self._tail_checked_at = time.monotonic()
+        self._registered_at = self._last_frame_at = self._tail_checked_at = time.monotonic()
         self._repair_at: float | None = None
         self._repair_delay = REPAIR_FIRST_S
         self.faulted = False  # an index write failed; repaired when _repair_at is due
@@ -136,7 +134,6 @@ class WorkerSubscription(RecoveryMixin):
         if self._silent_logged or not self.silent:
             return
         self._silent_logged = True
-        hint = silent_hint(self.spec)
         log.warning(
             "worker %s: no events %.0f s after registration (state %s, endpoint %s, topic %r); %s",
             self.worker_id,
@@ -144,15 +141,14 @@ class WorkerSubscription(RecoveryMixin):
             self.state,
             self.spec.endpoint,
             self.spec.topic,
-            hint,
+            silent_hint(self.spec),
             extra=self._event("worker_silent", endpoint=self.spec.endpoint),
         )
 
     def lag_seconds(self) -> float:
         """How long the batch being applied has waited for the index, or the live frames
         for the replay that is running (0 when neither)."""
-        lag = self._writer.retry.lag_seconds()
-        since = self._recovering_since
+        lag, since = self._writer.retry.lag_seconds(), self._recovering_since
         return lag if since is None else max(lag, time.monotonic() - since)
 
     def start(self) -> None:
@@ -249,19 +245,23 @@ class WorkerSubscription(RecoveryMixin):
                 if self.spec.replay_endpoint is not None:
                     self._catch_up_at = time.monotonic()
 
+    async def _maintain(self) -> None:
+        """Between frames: a resync asked for, and a failed write's repair once due."""
+        if self._resync_why is not None:
+            why, self._resync_why = self._resync_why, None
+            self._seq.forget_live()
+            if self.spec.replay_endpoint is not None:
+                await self._recover(start=0, clear_first=True, why=why)
+            else:
+                await self._clear(why)
+                self.partial_history = True
+        if self._repair_at is not None and time.monotonic() >= self._repair_at:
+            await self._repair()
+
     async def _run(self) -> None:
         await self._resume_from_index()
         while not self._stopping:
-            if self._resync_why is not None:
-                why, self._resync_why = self._resync_why, None
-                self._seq.forget_live()
-                if self.spec.replay_endpoint is not None:
-                    await self._recover(start=0, clear_first=True, why=why)
-                else:
-                    await self._clear(why)
-                    self.partial_history = True
-            if self._repair_at is not None and time.monotonic() >= self._repair_at:
-                await self._repair()
+            await self._maintain()
             due = self._catch_up_at
             if due is not None and time.monotonic() >= due:
                 self._catch_up_at = None
