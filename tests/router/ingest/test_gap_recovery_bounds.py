@@ -26,6 +26,7 @@ from _helpers import FakeEngine, batch, chain, hits, store_chain, stored, subscr
 from router.config import RouterSettings, WorkerSpec
 from router.index.redis import worker_prefix
 from router.service import RouterService
+from schemas import AllBlocksCleared
 
 GARBAGE = b"\xc1 not msgpack"
 
@@ -125,6 +126,42 @@ async def test_joining_mid_stream_when_the_replay_fails_is_partial():
             finally:
                 await svc.stop()
     finally:
+        await engine.close()
+
+
+async def test_joining_mid_stream_without_a_replay_endpoint_is_partial():
+    """Nothing to fetch the batches before the first frame from (a listen-mode worker,
+    an engine that only connects): they are unknown, as after a gap there."""
+    engine = FakeEngine(replay=False)
+    svc = RouterService(RouterSettings())
+    await svc.start()
+    try:
+        sub = await subscribe(svc, engine)
+        await engine.publish(batch(store_chain(0)), deliver=False)  # before we listened
+        await engine.publish(batch(store_chain(1)))
+        await wait_until(lambda: sub.last_seq.get(0) == 1, what="seq 1 applied")
+        await assert_partial(svc, sub, 1)
+        assert await hits(svc, "w0", 1) == 8
+        # The engine starts over: nothing before is missing any more.
+        await engine.publish(batch(AllBlocksCleared(), store_chain(2)))
+        await wait_until(lambda: sub.last_seq.get(0) == 2, what="seq 2 applied")
+        assert sub.partial_history is False
+    finally:
+        await svc.stop()
+        await engine.close()
+
+
+async def test_a_first_frame_at_seq_0_without_a_replay_endpoint_is_the_whole_history():
+    engine = FakeEngine(replay=False)
+    svc = RouterService(RouterSettings())
+    await svc.start()
+    try:
+        sub = await subscribe(svc, engine)
+        await engine.publish(batch(store_chain(0)))
+        await wait_until(lambda: sub.last_seq.get(0) == 0, what="seq 0 applied")
+        assert sub.partial_history is False
+    finally:
+        await svc.stop()
         await engine.close()
 
 
