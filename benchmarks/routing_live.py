@@ -106,6 +106,7 @@ class Fleet:
             ], self.tmp / f"{self.way}-router.log", {  # the engines' prefill speed, as an
                 # operator would configure it (route_prefill_tps drains the backlog)
                 "KVROUTE_ROUTE_PREFILL_TPS": str(1e6 / max(a.prefill_us_per_token, 1.0)),
+                **({"KVROUTE_ROUTE_WEIGHTS": a.route_weights} if a.route_weights else {}),
             }))  # fmt: skip
             self.front = f"http://127.0.0.1:{front}"
         elif self.way == "vllm-router":
@@ -164,7 +165,14 @@ class Fleet:
         return [int(s.get("prompt_tokens", 0)) for s in stats]
 
 
-async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[str, Any]:
+async def chat(
+    fleet: Fleet,
+    convs: list[list[list[dict[str, str]]]],
+    trace: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One way's run of every conversation; with ``trace``, one record per turn is
+    appended to it (when it started, TTFT, prompt and cached tokens, and where the
+    router's proxy says it sent it with what estimate)."""
     a, way = fleet.args, fleet.way
     headers = {"x-kvroute-policy": way} if way in ("kv_aware", "round_robin") else {}
     clients = [
@@ -177,12 +185,16 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
     prompt = cached = timeouts = 0
     ttft: list[float] = []
 
-    async def turn_once(client: AsyncOpenAI, history: list[Any]) -> tuple[float, str, Any]:
+    async def turn_once(
+        client: AsyncOpenAI, history: list[Any]
+    ) -> tuple[float, str, Any, dict[str, str]]:
         t0 = time.perf_counter()
-        stream = await client.chat.completions.create(
+        raw = await client.chat.completions.with_raw_response.create(
             model=MODEL, messages=history, max_tokens=a.output_words, stream=True,
             stream_options={"include_usage": True}, extra_headers=headers,
         )  # fmt: skip
+        routed = {k: v for k, v in raw.headers.items() if k.startswith("x-kvroute-")}
+        stream = raw.parse()
         first, text, usage = None, [], None
         async for chunk in stream:
             if first is None:
@@ -191,18 +203,21 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
                 text.append(chunk.choices[0].delta.content)
             if chunk.usage is not None:
                 usage = chunk.usage
-        return first or 0.0, "".join(text), usage
+        return first or 0.0, "".join(text), usage, routed
 
     async def one(c: int) -> None:
         nonlocal prompt, cached, timeouts
         pin = int.from_bytes(hashlib.sha256(f"conversation-{c}".encode()).digest()[:8], "big")
         client = clients[pin % len(clients)]
         history = list(convs[c][0])
-        for turn in convs[c][1:]:
+        for t, turn in enumerate(convs[c][1:]):
             history += turn
+            started = time.perf_counter() - t_begin
             for attempt in range(3):  # a turn that hangs is retried (and counted)
                 try:
-                    first, text, usage = await asyncio.wait_for(turn_once(client, history), 30)
+                    first, text, usage, routed = await asyncio.wait_for(
+                        turn_once(client, history), 30
+                    )
                     break
                 except (TimeoutError, APITimeoutError):
                     timeouts += 1
@@ -213,13 +228,25 @@ async def chat(fleet: Fleet, convs: list[list[list[dict[str, str]]]]) -> dict[st
                 details = usage.prompt_tokens_details
                 cached += (details.cached_tokens or 0) if details else 0
             ttft.append(first)
+            if trace is not None:
+                details = usage.prompt_tokens_details if usage is not None else None
+                trace.append({
+                    "conversation": c, "turn": t, "start_s": round(started, 4),
+                    "ttft_s": round(first, 4),
+                    "prompt": usage.prompt_tokens if usage is not None else None,
+                    "cached": (details.cached_tokens or 0) if details else 0,
+                    "worker": routed.get("x-kvroute-worker", f"e{pin % len(clients)}"
+                                         if way == "pinned" else None),
+                    "estimated": int(routed["x-kvroute-hit-tokens"])
+                    if "x-kvroute-hit-tokens" in routed else None,
+                })  # fmt: skip
             history.append({"role": "assistant", "content": text.strip()})
 
     async def client_loop() -> None:
         while not queue.empty():
             await one(queue.get_nowait())
 
-    t0 = time.perf_counter()
+    t0 = t_begin = time.perf_counter()
     try:
         await asyncio.gather(*(client_loop() for _ in range(a.clients)))
     finally:
@@ -269,8 +296,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for rep in range(args.repeats):
         for way in ways:
             try:
+                turns: list[dict[str, Any]] | None = [] if args.trace else None
                 async with Fleet(args, way, tmp) as fleet:
-                    r = await asyncio.wait_for(chat(fleet, convs), args.way_timeout_s)
+                    r = await asyncio.wait_for(chat(fleet, convs, turns), args.way_timeout_s)
+                if args.trace and turns is not None:
+                    with open(args.trace, "a") as f:
+                        for row in turns:
+                            f.write(json.dumps({"repeat": rep, "way": way, **row}) + "\n")
             except Exception as exc:  # a peer that hangs or fails: recorded, the rest go on
                 out.setdefault("failures", []).append(f"repeat {rep} {way}: {exc!r}")
                 print(f"repeat {rep} {way:12s} FAILED: {exc!r}", flush=True)
@@ -328,7 +360,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vllm-router", default=None, help="path to a vllm-router binary")
     p.add_argument("--sglang-router", default=None, help="path to a sglang-router binary")
+    p.add_argument("--route-weights", default=None, help="kvroute serve's route_weights, as JSON")
     p.add_argument("--json", default=None)
+    p.add_argument("--trace", default=None, help="append one JSON line per turn to this file")
     p.add_argument("--report", nargs="+", default=None, help="print tables of saved --json files")
     args = p.parse_args()
     if args.report:

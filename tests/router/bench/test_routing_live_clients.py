@@ -81,3 +81,26 @@ async def test_chat_closes_its_clients(engine_url: str) -> None:
     # Without the close, the clients' idle keep-alive connections are still open here,
     # left for the garbage collector to tear down in the middle of the next way.
     assert open_connections_to(port) == 0
+
+
+async def test_chat_traces_every_turn(engine_url: str) -> None:
+    """``--trace``: one record per turn whose tokens add up to the run's totals (what a
+    dip's analysis splits into routed estimates and hits lost before admission)."""
+    w = words()
+    convs = [
+        [
+            [{"role": "system", "content": " ".join(w[:40])}],
+            [{"role": "user", "content": w[c]}],
+            [{"role": "user", "content": w[c + 10]}],
+        ]
+        for c in range(3)
+    ]
+    turns: list[dict[str, object]] = []
+    result = await chat(_Fleet(engine_url), convs, turns)  # type: ignore[arg-type]
+    assert sorted((t["conversation"], t["turn"]) for t in turns) == [
+        (c, t) for c in range(3) for t in range(2)
+    ]
+    assert sum(int(t["prompt"]) for t in turns) == result["prompt_tokens"]  # type: ignore[call-overload]
+    assert sum(int(t["cached"]) for t in turns) == result["cached_tokens"] > 0  # type: ignore[call-overload]
+    # Pinned: the engine each conversation was sent to; no router, so no estimate.
+    assert {t["worker"] for t in turns} == {"e0"} and {t["estimated"] for t in turns} == {None}
