@@ -23,19 +23,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from offload_core.engine import EngineConfig, SimEngine
+from offload_core.engine_context import DEFAULT_MAX_MODEL_LEN, check_output_limit, output_budget
 from offload_core.engine_errors import Reject, error_response, install_error_handlers
+from offload_core.engine_metrics import VllmMetrics
 from offload_core.engine_openai import (
     Builder,
     ChatRequest,
     CompletionRequest,
     Step,
-    VllmMetrics,
     check_ids,
     output_ids,
     prompts_of,
     refusal,
     usage_of,
 )
+from offload_core.engine_stop import LENGTH, StopRule, end_answer
 from offload_core.groups import format_groups
 from offload_core.kv_cache import RequestTooLargeError
 from publisher import EventPublisher, KVEventsConfig, PublishMode, make_publisher
@@ -55,11 +57,13 @@ def create_app(
     token_delay_s: float = 0.0,
     prefill_s_per_token: float = 0.0,
     lora_modules: Sequence[str] = (),
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
 ) -> FastAPI:
     """``tokenizer``: a ``schemas.tokenization.ModelTokenizer`` for text prompts and
     chat; ``token_delay_s``: the simulated time per generated token (streams pace by it);
     ``prefill_s_per_token``: simulated prefill time per *uncached* prompt token, one
-    prefill at a time (so a cache hit and a short queue show in the time to first token)."""
+    prefill at a time (so a cache hit and a short queue show in the time to first token);
+    ``max_model_len``: the context, listed and enforced as vLLM does (``engine_context``)."""
     lock = asyncio.Lock()
     wid = engine.config.worker_id
     http_stats = {"streams": 0, "streams_completed": 0, "streams_cancelled": 0}
@@ -100,9 +104,10 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {"id": model, "object": "model", "created": 0, "owned_by": "kvroute", "root": model}
-        # As vLLM lists a LoRA adapter: its own card, the base model as ``parent``.
+        # As vLLM lists a LoRA adapter: its own card, the base model as ``parent``, and
+        # the context on the base model's card only.
         adapters = [{**card, "id": n, "root": f"lora://{n}", "parent": model} for n in lora_modules]
-        return {"object": "list", "data": [card, *adapters]}
+        return {"object": "list", "data": [{**card, "max_model_len": max_model_len}, *adapters]}
 
     def need_tokenizer(what: str) -> Any:
         if tokenizer is None:
@@ -124,6 +129,7 @@ def create_app(
         message = refusal(body, vocab)
         if message is not None:
             raise Reject(message)
+        check_output_limit(body, max_model_len)
 
     def to_ids(prompt: list[int] | str, add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -158,27 +164,33 @@ def create_app(
             lock.release()
 
     async def run(chat: bool, body: Any, prompts: list[tuple[list[int], str | None]]) -> Any:
+        budgets = [output_budget(body, len(ids), max_model_len) for ids, _ in prompts]
         outputs = [
-            [output_ids([*ids, c], body.output_tokens, vocab) for c in range(body.n)]
-            for ids, _ in prompts
+            [output_ids([*ids, c], budget, vocab) for c in range(body.n)]
+            for (ids, _), budget in zip(prompts, budgets, strict=True)
         ]
+        build = Builder.of(body, body.model or model, tokenizer, vocab)
+        rule = StopRule.of(body)  # an answer a stop rule ends keeps (and caches) less
+        endings = [[end_answer(gen, build.texts(gen), rule) for gen in out] for out in outputs]
         # As vLLM runs n > 1 (one child request per choice, each decoding its own answer
         # into the cache); the usage is the first child's, the prompt counted once.
         results = []
-        for (ids, _), out in zip(prompts, outputs, strict=True):
-            results.append(await prefill(ids, body, out[0]))
-            for answer in out[1:]:
-                await prefill(ids, body, answer)
-        build = Builder.of(body, body.model or model, tokenizer, vocab)
+        for (ids, _), ends in zip(prompts, endings, strict=True):
+            results.append(await prefill(ids, body, ends[0].tokens))
+            for answer in ends[1:]:
+                await prefill(ids, body, answer.tokens)
         choices: list[list[Step]] = []
-        for (ids, text), out in zip(prompts, outputs, strict=True):
+        for (ids, text), ends in zip(prompts, endings, strict=True):
             echo = None
             if not chat and body.echo:
                 echo = (
                     text if text is not None else tokenizer.decode(ids) if tokenizer else "",
                     ids,
                 )
-            choices += [build.steps(gen, echo) for gen in out]
+            for answer in ends:
+                if answer.finish is not LENGTH:
+                    build.ends[len(choices)] = answer.finish
+                choices.append(build.steps(answer.tokens, echo, answer.texts))
         completion_tokens = sum(s.tokens for steps in choices for s in steps)
         cached = sum(r.cached_tokens for r in results)
         usage = usage_of(sum(r.prompt_tokens for r in results), completion_tokens, cached)
@@ -252,7 +264,8 @@ def create_app(
         strs = None
         if body.get("return_token_strs"):
             strs = [tok.tokenizer.id_to_token(t) for t in ids]
-        return {"count": len(ids), "max_model_len": 1 << 20, "tokens": ids, "token_strs": strs}
+        limit = max_model_len
+        return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(body: dict[str, Any]) -> dict[str, Any]:
@@ -307,6 +320,7 @@ def run_server(
     publish_mode: PublishMode = "bind",
     prefill_s_per_token: float = 0.0,
     lora_modules: Sequence[str] = (),
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
 ) -> int:
     """Run ``kvroute engine`` until interrupted."""
     import uvicorn
@@ -352,6 +366,7 @@ def run_server(
             token_delay_s=token_delay_s,
             prefill_s_per_token=prefill_s_per_token,
             lora_modules=lora_modules,
+            max_model_len=max_model_len,
         )
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

@@ -13,6 +13,7 @@ import sys
 
 from offload_core.engine import EngineConfig
 from offload_core.engine_app import run_server
+from offload_core.engine_context import DEFAULT_MAX_MODEL_LEN
 from offload_core.groups import parse_groups
 from offload_core.vcache import VKVCacheManager
 from publisher import PUBLISH_MODES
@@ -109,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[=PATH]",
         help="LoRA adapters served by name as vLLM's flag lists them (the path is ignored)",
     )
+    add(
+        "--max-model-len",
+        type=_positive_int,
+        default=DEFAULT_MAX_MODEL_LEN,
+        help="the context in tokens, listed in /v1/models and enforced as vLLM does",
+    )
     add("--token-delay-ms", type=float, default=0.0, help="simulated decode step")
     add(
         "--prefill-us-per-token",
@@ -117,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated prefill time per uncached prompt token (one prefill at a time)",
     )
     return p
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main(argv: list[str]) -> int:
@@ -165,4 +179,5 @@ def main(argv: list[str]) -> int:
         publish_mode=args.publish_mode,
         prefill_s_per_token=args.prefill_us_per_token / 1e6,
         lora_modules=[m.partition("=")[0] for m in args.lora_modules],
+        max_model_len=args.max_model_len,
     )

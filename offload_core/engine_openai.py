@@ -15,14 +15,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import msgspec
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-if TYPE_CHECKING:
-    from offload_core.engine import SimEngine
+from offload_core.engine_stop import LENGTH, StopRule
 
 MAX_TOKEN_ID = 2**31 - 1
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -50,6 +48,9 @@ class _Common(BaseModel):
     lora_name: str | None = Field(default=None, max_length=256)
     cache_salt: str | None = None  # vLLM's rules in refusal()
     return_tokens_as_token_ids: bool | None = None
+    stop: str | list[str] | None = None  # offload_core.engine_stop
+    stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: bool = False
 
     @property
     def include_usage(self) -> bool:
@@ -105,6 +106,9 @@ def refusal(body: CompletionRequest | ChatRequest, vocab: int) -> str | None:
     so = body.stream_options
     if so is not None and so.model_dump(exclude_unset=True) and not body.stream:
         return "Stream options can only be defined when `stream=True`."
+    stop = StopRule.of(body).refusal()
+    if stop is not None:
+        return stop
     salt = body.cache_salt
     if salt is not None and not salt:
         return "Parameter 'cache_salt' must be a non-empty string if provided."
@@ -187,6 +191,8 @@ class Builder:
         self.chat, self.model, self.tok, self.vocab = chat, model, tokenizer, vocab
         self.top, self.as_ids = top, as_ids
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        # Per choice, how it finished where a stop rule ended it (else by length).
+        self.ends: dict[int, dict[str, Any]] = {}
         self.created = int(time.time())
 
     @classmethod
@@ -215,10 +221,20 @@ class Builder:
         alts = [FIRST_OUTPUT_ID + (t - FIRST_OUTPUT_ID + j) % span for j in range(1, count)]
         return word, 0.0, [(word, 0.0)][:count] + [(self._word(a, prompt), -9999.0) for a in alts]
 
-    def steps(self, gen: list[int], echo: tuple[str, list[int]] | None = None) -> list[Step]:
-        """One step per generated token; ``echo`` (prompt text, ids) leads the first."""
+    def texts(self, gen: list[int]) -> list[str]:
+        """Each generated token's text (none without a tokenizer)."""
+        return [self.tok.decode([t]) + " " if self.tok is not None else "" for t in gen]
+
+    def steps(
+        self,
+        gen: list[int],
+        echo: tuple[str, list[int]] | None = None,
+        text: list[str] | None = None,
+    ) -> list[Step]:
+        """One step per generated token (``text``: each one's, if not its own); ``echo``
+        (prompt text, ids) leads the first."""
         lp = self.top is not None
-        text = [self.tok.decode([t]) + " " if self.tok is not None else "" for t in gen]
+        text = self.texts(gen) if text is None else text
         out = [Step(s, 1, [self._entry(t)] if lp else []) for s, t in zip(text, gen, strict=True)]
         if echo is not None:
             ids = echo[1]
@@ -263,8 +279,11 @@ class Builder:
         lp, _ = self._logprobs([e for s in steps for e in s.entries], 0)
         if self.chat:
             message = {"role": "assistant", "content": text}
-            return {"index": index, "message": message, "logprobs": lp, **_LENGTH}
-        return {"index": index, "text": text, "logprobs": lp, **_LENGTH}
+            return {"index": index, "message": message, "logprobs": lp, **self.end(index)}
+        return {"index": index, "text": text, "logprobs": lp, **self.end(index)}
+
+    def end(self, index: int) -> dict[str, Any]:
+        return self.ends.get(index, LENGTH)
 
     def response(
         self, choices: list[list[Step]], usage: dict[str, Any], kv: dict[str, Any]
@@ -293,7 +312,7 @@ class Builder:
 
     def delta(self, index: int, text: str | None, lp: Any = None, last: bool = False) -> Any:
         """One choice of a chunk; the last one of a choice carries its finish reason."""
-        end = _LENGTH if last else {"finish_reason": None}
+        end = self.end(index) if last else {"finish_reason": None}
         if self.chat:
             delta: dict[str, Any] = {} if text is None else {"content": text}
             return {"index": index, "delta": delta, "logprobs": lp, **end}
@@ -336,40 +355,6 @@ class Builder:
         if usage is not None:
             yield self.chunk([], usage)
         yield b"data: [DONE]\n\n"
-
-
-_LENGTH = {"finish_reason": "length", "stop_reason": None}
-
-
-class VllmMetrics:
-    """``/metrics``: the vLLM 0.33 series routers and dashboards read, named and labelled
-    as in ``vllm/v1/metrics/loggers.py``. ``load``: the app's request gauges and totals."""
-
-    def __init__(self, engine: SimEngine, model: str, load: dict[str, int]) -> None:
-        self.engine, self.model, self.load = engine, model, load
-
-    def collect(self) -> Iterator[Metric]:
-        labels, values = ["model_name", "engine"], [self.model, "0"]
-        pool, s, load = self.engine.kv.pool, self.engine.stats, self.load
-        usage = 1.0 - pool.num_free_blocks / max(pool.num_blocks - 1, 1)
-        for kind, name, value, doc in (
-            (GaugeMetricFamily, "num_requests_running", load["running"], "Requests running."),
-            (GaugeMetricFamily, "num_requests_waiting", load["waiting"], "Requests waiting."),
-            (GaugeMetricFamily, "kv_cache_usage_perc", usage, "KV-cache usage (1 = 100%)."),
-            (CounterMetricFamily, "prompt_tokens", s.prompt_tokens, "Prefill tokens."),
-            (CounterMetricFamily, "generation_tokens", load["tokens"], "Generated tokens."),
-            (CounterMetricFamily, "prefix_cache_queries", s.prompt_tokens, "Tokens queried."),
-            (CounterMetricFamily, "prefix_cache_hits", s.gpu_cached_tokens, "Tokens hit (GPU)."),
-            (CounterMetricFamily, "prompt_tokens_cached", s.cached_tokens, "GPU + CPU hits."),
-        ):
-            metric = kind(f"vllm:{name}", doc, labels=labels)
-            metric.add_metric(values, value)
-            yield metric
-        done = CounterMetricFamily(
-            "vllm:request_success", "Finished requests.", labels=[*labels, "finished_reason"]
-        )
-        done.add_metric([*values, "length"], load["finished"])
-        yield done
 
 
 def usage_of(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
