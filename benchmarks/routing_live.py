@@ -107,6 +107,7 @@ class Fleet:
                 # operator would configure it (route_prefill_tps drains the backlog)
                 "KVROUTE_ROUTE_PREFILL_TPS": str(1e6 / max(a.prefill_us_per_token, 1.0)),
                 **({"KVROUTE_ROUTE_WEIGHTS": a.route_weights} if a.route_weights else {}),
+                **({"KVROUTE_ROUTE_PROFILE": a.route_profile} if a.route_profile else {}),
             }))  # fmt: skip
             self.front = f"http://127.0.0.1:{front}"
         elif self.way == "vllm-router":
@@ -361,6 +362,7 @@ def main() -> int:
     p.add_argument("--vllm-router", default=None, help="path to a vllm-router binary")
     p.add_argument("--sglang-router", default=None, help="path to a sglang-router binary")
     p.add_argument("--route-weights", default=None, help="kvroute serve's route_weights, as JSON")
+    p.add_argument("--route-profile", default=None, help="kvroute serve's route_profile")
     p.add_argument("--json", default=None)
     p.add_argument("--trace", default=None, help="append one JSON line per turn to this file")
     p.add_argument("--report", nargs="+", default=None, help="print tables of saved --json files")

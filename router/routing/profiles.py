@@ -40,6 +40,10 @@ ROUTE_PROFILES: Mapping[str, Mapping[str, float]] = MappingProxyType(
                 "knee": 32768.0,
             }
         ),
+        # Chat fleets whose engines each hold only a few conversations' context: the
+        # conversations served at once are spread evenly (each request in flight weighs
+        # 200 tokens), so none crowds onto an engine that then evicts them all.
+        "few-sessions": MappingProxyType({"decode": 200.0}),
         # Engines started with --long-prefill-token-threshold 4096 (set the prefill_cap
         # route weight to the engines' own threshold).
         "capped-prefill": MappingProxyType(
