@@ -84,7 +84,9 @@ def test_an_output_limit_above_the_context_is_refused_naming_its_field(
     messages = [{"role": "user", "content": "kabe"}]
     body = refused(
         lambda: client.chat.completions.create(
-            model=MODEL, messages=messages, max_completion_tokens=100  # type: ignore[arg-type]
+            model=MODEL,
+            messages=messages,
+            max_completion_tokens=100,  # type: ignore[arg-type]
         )
     )
     assert body["param"] == "max_completion_tokens"
