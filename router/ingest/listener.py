@@ -51,6 +51,8 @@ def parse_topic(topic: bytes) -> tuple[str, str | None] | None:
 class FedSubscription(WorkerSubscription):
     """A worker whose frames the listener hands over: no socket, no loop of its own."""
 
+    _resumed = False
+
     def _open_sockets(self, *args: object) -> None:
         return
 
@@ -65,6 +67,9 @@ class FedSubscription(WorkerSubscription):
             return
         self.connected = self.ever_connected = True
         self._last_frame_at = time.monotonic()
+        if not self._resumed:  # as a worker's own loop starts: from what a shared index kept
+            self._resumed = True
+            await self._resume_from_index()
         await self._maintain()  # as a worker's own loop does between frames
         await self._on_live(frames)
         await self._flush()  # not the writer's: a failed write marks it faulted, repaired
