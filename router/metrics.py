@@ -44,7 +44,7 @@ _limited = RateLimitedLog(log)
 disable_created_metrics()
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-STATES = ("connecting", "connected", "resyncing", "disconnected")
+STATES = ("connecting", "connected", "resyncing", "disconnected", "conflict")
 
 # (metric suffix, WorkerCounters field, help)
 _WORKER_COUNTERS = (

@@ -112,7 +112,7 @@ class WorkerInfo(BaseModel):
     topic: str = ""
     model: str | None = None
     http_endpoint: str | None = None
-    state: Literal["connecting", "connected", "resyncing", "disconnected"]
+    state: Literal["connecting", "connected", "resyncing", "disconnected", "conflict"]
     hash_mode: Literal["unknown", "engine", "canonical"] = "unknown"
     last_seq: dict[str, int] = Field(default_factory=dict, description="per DP rank")
     events: int = 0

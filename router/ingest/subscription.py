@@ -13,6 +13,8 @@ batches through the ``Ingestor`` strictly in order, exactly once per (DP rank, s
   counts from 0 again) -> clear the worker's entries and rebuild from what follows;
 * a (re)connect -> a catch-up replay shortly after, which also notices a publisher that
   restarted while we were away (its history no longer matches our last batch).
+* seqs that keep going back (two publishers under one topic) -> a conflict: cleared once,
+  frames dropped until it stops (``router.ingest.conflicts``, ``router.ingest.live_verdicts``).
 
 Sequencing decisions live in ``router.ingest.sequencing`` (pure), index writes in
 ``router.ingest.writer`` (staged, merged, retried through outages). Bad frames are counted
@@ -34,8 +36,10 @@ from zmq.utils.monitor import parse_monitor_message
 
 from router.config import RouterSettings, WorkerSpec
 from router.ingest import packed
+from router.ingest.conflicts import PublisherConflict
 from router.ingest.counters import WorkerCounters
 from router.ingest.gc_pause import gc_paused
+from router.ingest.live_verdicts import LiveVerdictsMixin
 from router.ingest.recovery import REPAIR_FIRST_S, RecoveryMixin
 from router.ingest.sequencing import MAX_RANKS, SeqTracker, Verdict
 from router.ingest.sub_socket import REOPEN_AFTER_S, open_worker_sockets, reopen, silent_hint
@@ -62,7 +66,7 @@ _RESTART_MIN_S = 0.1
 _RESTART_MAX_S = 5.0
 
 
-class WorkerSubscription(RecoveryMixin):
+class WorkerSubscription(RecoveryMixin, LiveVerdictsMixin):
     """The SUB socket, replay client and apply loop of one worker."""
 
     def __init__(
@@ -81,6 +85,7 @@ class WorkerSubscription(RecoveryMixin):
         self._ctx = ctx
         self._settings = settings
         self._seq = SeqTracker()
+        self._conflict = PublisherConflict()
         self._writer = IndexWriter(spec.worker_id, ingestor, settings, self.counters)
         self._catch_up_at: float | None = None
         self._registered_at = self._last_frame_at = self._tail_checked_at = time.monotonic()
@@ -112,6 +117,8 @@ class WorkerSubscription(RecoveryMixin):
 
     @property
     def state(self) -> str:
+        if self.in_conflict:
+            return "conflict"
         if self.syncing:
             return "resyncing"
         if self.connected:
@@ -309,43 +316,16 @@ class WorkerSubscription(RecoveryMixin):
                 self._refetch = None  # the recovery below replays from before it
         if verdict is not Verdict.DUPLICATE:  # a replay applied it: counted then
             self._count_decoded(stats)
+        if (verdict is Verdict.RESTART or self._conflict.open) and await self._conflicting(
+            verdict, rank, seq
+        ):
+            return  # two publishers' frames: nothing of them is applied
         if verdict is Verdict.APPLY:
             await self._apply_if_new(seq, batch, frames[2])
         elif verdict is Verdict.DUPLICATE:
             self.counters.duplicates += 1  # already applied from a replay
-        elif verdict is Verdict.RESTART:
-            self._limited.warning(
-                "restart",
-                "worker %s rank %d: seq went back to %d (publisher restarted); resyncing",
-                self.worker_id,
-                rank,
-                seq,
-                extra=self._event("publisher_restarted", rank=rank, seq=seq),
-            )
-            await self._resync_from(seq, batch, frames[2])
-        elif verdict is Verdict.JOIN:  # mid-stream: fetch what is buffered, else unknown
-            if self.spec.replay_endpoint is not None:
-                await self._recover(start=0, upto=seq)  # keeping nothing old
-            else:
-                self._history_is_partial(seq)
-            await self._apply_if_new(seq, batch, frames[2])
         else:
-            self.counters.gaps += 1
-            self._limited.warning(
-                "gap",
-                "worker %s rank %d: gap %d..%d",
-                self.worker_id,
-                rank,
-                decision.start,
-                seq - 1,
-                extra=self._event("gap", rank=rank, first_missing=decision.start, seq=seq),
-            )
-            if self.spec.replay_endpoint is None:
-                await self._clear("gap and no replay endpoint")
-                self.partial_history = True
-            else:
-                await self._recover(start=decision.start, clear_on_miss=True, upto=seq)
-            await self._apply_if_new(seq, batch, frames[2])
+            await self._not_next(decision, rank, seq, batch, frames[2])
 
     # ------------------------------------------------------------------ apply
     async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:

@@ -25,6 +25,7 @@ from _helpers import FakeEngine, batch, chain, hits, store_chain, stored, subscr
 
 from router.config import RouterSettings, WorkerSpec
 from router.index.redis import worker_prefix
+from router.ingest.conflicts import PublisherConflict
 from router.service import RouterService
 from schemas import AllBlocksCleared
 
@@ -251,10 +252,12 @@ async def test_undecodable_frames_at_the_tail_are_refetched_with_one_replay(engi
 async def test_gap_restart_and_resync_warnings_are_rate_limited(
     engine: FakeEngine, caplog: pytest.LogCaptureFixture
 ):
-    """30 frames repeating seq 1 (two publishers on one stream, say) and 30 gaps the
-    buffer cannot fill: every one counted, the first few of each kind logged."""
+    """30 frames repeating seq 1 and 30 gaps the buffer cannot fill: every one counted,
+    the first few of each kind logged. (30 rewinds this fast are two publishers on one
+    topic, a conflict: test_publisher_conflict.py. Here each must stay a restart.)"""
     caplog.set_level(logging.WARNING, logger="router.ingest.subscription")
     svc, sub = await start(engine)
+    sub._conflict = PublisherConflict(restarts=1_000)
     try:
         await engine.publish(batch(store_chain(0)))
         seq1 = await engine.publish(batch(store_chain(1)))

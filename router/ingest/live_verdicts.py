@@ -1,0 +1,128 @@
+"""What a live frame that is not simply the next one sets off.
+
+Why apart from the live loop (``router.ingest.subscription``): the loop decodes a frame
+and asks ``router.ingest.sequencing`` what it is; everything that follows from a frame
+that is not the next seq lives here -- a seq that went back (a publisher that restarted,
+or two publishers under one topic: ``router.ingest.conflicts``), a first frame
+mid-stream, and a gap -- each ending in a replay, a resync or a clear
+(``router.ingest.recovery``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from router.ingest.conflicts import PublisherConflict
+from router.ingest.sequencing import Decision, Verdict
+
+if TYPE_CHECKING:
+    from router.config import WorkerSpec
+    from router.ratelimited_log import RateLimitedLog
+    from schemas import KVEventBatch
+
+
+class LiveVerdictsMixin:
+    """Rewinds, joins and gaps of ``WorkerSubscription`` (see the module docstring)."""
+
+    # Provided by WorkerSubscription / RecoveryMixin.
+    worker_id: str
+    spec: WorkerSpec
+    counters: object
+    partial_history: bool
+    _limited: RateLimitedLog
+    _conflict: PublisherConflict
+
+    if TYPE_CHECKING:  # the subscription's and RecoveryMixin's, for the type checker only
+
+        def _event(self, event: str, **fields: object) -> dict[str, object]: ...
+
+        def request_resync(self, why: str) -> None: ...
+
+        async def _resync_from(self, seq: int, batch: KVEventBatch, payload: bytes) -> None: ...
+
+        async def _recover(
+            self,
+            *,
+            start: int,
+            clear_on_miss: bool = False,
+            clear_first: bool = False,
+            quiet: bool = False,
+            why: str = "publisher restarted",
+            upto: int | None = None,
+        ) -> None: ...
+
+        def _history_is_partial(self, first: int | None) -> None: ...
+
+        async def _clear(self, why: str) -> None: ...
+
+        async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None: ...
+
+    @property
+    def in_conflict(self) -> bool:
+        """Two publishers seem to share this worker's topic (state ``conflict``)."""
+        return self._conflict.active(time.monotonic())
+
+    async def _conflicting(self, verdict: Verdict, rank: int, seq: int) -> bool:
+        """Whether this frame belongs to a conflict, and is dropped: the first rewind of
+        one clears the worker (its entries mix two caches); once the rewinds stop, the
+        worker is rebuilt."""
+        now = time.monotonic()
+        if verdict is Verdict.RESTART and self._conflict.rewound(now):
+            self._limited.error(
+                "conflict",
+                "worker %s rank %d: seq went back %d times within %.0f s (now to %d): two "
+                "publishers under topic %r? Its entries are cleared and its frames dropped "
+                "until this stops (give each engine its own topic)",
+                self.worker_id,
+                rank,
+                self._conflict.restarts,
+                self._conflict.window_s,
+                seq,
+                self.spec.topic,
+                extra=self._event("publisher_conflict", rank=rank, seq=seq),
+            )
+            await self._clear("two publishers under one topic")
+        if self._conflict.active(now):
+            return True
+        if self._conflict.ended(now):
+            self.request_resync("the publishers under its topic no longer conflict")
+        return False
+
+    async def _not_next(self, decision: Decision, rank: int, seq: int, batch: KVEventBatch,
+                        payload: bytes) -> None:  # fmt: skip
+        """A frame that is not the next seq: rewind, join or gap."""
+        verdict = decision.verdict
+        if verdict is Verdict.RESTART:
+            self._limited.warning(
+                "restart",
+                "worker %s rank %d: seq went back to %d (publisher restarted); resyncing",
+                self.worker_id,
+                rank,
+                seq,
+                extra=self._event("publisher_restarted", rank=rank, seq=seq),
+            )
+            await self._resync_from(seq, batch, payload)
+        elif verdict is Verdict.JOIN:  # mid-stream: fetch what is buffered, else unknown
+            if self.spec.replay_endpoint is not None:
+                await self._recover(start=0, upto=seq)  # keeping nothing old
+            else:
+                self._history_is_partial(seq)
+            await self._apply_if_new(seq, batch, payload)
+        else:
+            self.counters.gaps += 1  # type: ignore[attr-defined]
+            self._limited.warning(
+                "gap",
+                "worker %s rank %d: gap %d..%d",
+                self.worker_id,
+                rank,
+                decision.start,
+                seq - 1,
+                extra=self._event("gap", rank=rank, first_missing=decision.start, seq=seq),
+            )
+            if self.spec.replay_endpoint is None:
+                await self._clear("gap and no replay endpoint")
+                self.partial_history = True
+            else:
+                await self._recover(start=decision.start, clear_on_miss=True, upto=seq)
+            await self._apply_if_new(seq, batch, payload)
