@@ -14,49 +14,17 @@ import time
 from typing import TYPE_CHECKING
 
 from router.ingest.conflicts import PublisherConflict
+from router.ingest.recovery import RecoveryMixin
 from router.ingest.sequencing import Decision, Verdict
 
 if TYPE_CHECKING:
-    from router.config import WorkerSpec
-    from router.ratelimited_log import RateLimitedLog
     from schemas import KVEventBatch
 
 
-class LiveVerdictsMixin:
+class LiveVerdictsMixin(RecoveryMixin):
     """Rewinds, joins and gaps of ``WorkerSubscription`` (see the module docstring)."""
 
-    # Provided by WorkerSubscription / RecoveryMixin.
-    worker_id: str
-    spec: WorkerSpec
-    counters: object
-    partial_history: bool
-    _limited: RateLimitedLog
-    _conflict: PublisherConflict
-
-    if TYPE_CHECKING:  # the subscription's and RecoveryMixin's, for the type checker only
-
-        def _event(self, event: str, **fields: object) -> dict[str, object]: ...
-
-        def request_resync(self, why: str) -> None: ...
-
-        async def _resync_from(self, seq: int, batch: KVEventBatch, payload: bytes) -> None: ...
-
-        async def _recover(
-            self,
-            *,
-            start: int,
-            clear_on_miss: bool = False,
-            clear_first: bool = False,
-            quiet: bool = False,
-            why: str = "publisher restarted",
-            upto: int | None = None,
-        ) -> None: ...
-
-        def _history_is_partial(self, first: int | None) -> None: ...
-
-        async def _clear(self, why: str) -> None: ...
-
-        async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None: ...
+    _conflict: PublisherConflict  # the subscription's
 
     @property
     def in_conflict(self) -> bool:
@@ -110,7 +78,7 @@ class LiveVerdictsMixin:
                 self._history_is_partial(seq)
             await self._apply_if_new(seq, batch, payload)
         else:
-            self.counters.gaps += 1  # type: ignore[attr-defined]
+            self.counters.gaps += 1
             self._limited.warning(
                 "gap",
                 "worker %s rank %d: gap %d..%d",

@@ -40,7 +40,7 @@ from router.ingest.conflicts import PublisherConflict
 from router.ingest.counters import WorkerCounters
 from router.ingest.gc_pause import gc_paused
 from router.ingest.live_verdicts import LiveVerdictsMixin
-from router.ingest.recovery import REPAIR_FIRST_S, RecoveryMixin
+from router.ingest.recovery import REPAIR_FIRST_S
 from router.ingest.sequencing import MAX_RANKS, SeqTracker, Verdict
 from router.ingest.sub_socket import REOPEN_AFTER_S, open_worker_sockets, reopen, silent_hint
 from router.ingest.writer import IndexWriter
@@ -66,7 +66,7 @@ _RESTART_MIN_S = 0.1
 _RESTART_MAX_S = 5.0
 
 
-class WorkerSubscription(RecoveryMixin, LiveVerdictsMixin):
+class WorkerSubscription(LiveVerdictsMixin):
     """The SUB socket, replay client and apply loop of one worker."""
 
     def __init__(

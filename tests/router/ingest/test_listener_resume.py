@@ -9,6 +9,7 @@ over entries the missed batch had made stale (an evicted chain kept scoring).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -80,46 +81,46 @@ async def first_life(settings: RouterSettings, engine: ConnectingEngine) -> None
         await svc.stop()
 
 
-async def test_the_next_seq_after_a_restart_continues_the_stream(
-    settings: RouterSettings, engine: ConnectingEngine
-) -> None:
-    await first_life(settings, engine)
+@contextlib.asynccontextmanager
+async def second_life(
+    settings: RouterSettings, engine: ConnectingEngine, seq: int, b: KVEventBatch,
+    chain_id: int, tokens: int,
+) -> AsyncIterator[RouterService]:  # fmt: skip
+    """A router restarted on the same index, once it has applied ``seq`` (``b``): chain
+    ``chain_id`` then holds ``tokens`` on the listen worker."""
     svc = RouterService(settings)
     await svc.start()
     try:
         await engine.subscribed()
-        await engine.send(2, batch(removed(chain(0)[0])))
+        await engine.send(seq, b)
 
-        async def evicted() -> bool:
-            return "eng1" in svc.worker_ids() and await hits(svc, "eng1", 0) == 0
+        async def applied() -> bool:
+            return "eng1" in svc.worker_ids() and await hits(svc, "eng1", chain_id) == tokens
 
-        await wait_until(evicted, what="seq 2 applied by the restarted router")
+        await wait_until(applied, what=f"seq {seq} applied by the restarted router")
+        yield svc
+    finally:
+        await svc.stop()
+
+
+async def test_the_next_seq_after_a_restart_continues_the_stream(
+    settings: RouterSettings, engine: ConnectingEngine
+) -> None:
+    await first_life(settings, engine)
+    async with second_life(settings, engine, 2, batch(removed(chain(0)[0])), 0, 0) as svc:
         info = await svc.worker_info("eng1")
         assert info.partial_history is False and info.resyncs == 0
         assert await hits(svc, "eng1", 1) == 8  # the index's entries carried on
-    finally:
-        await svc.stop()
 
 
 async def test_a_gap_across_the_restart_clears_what_it_made_stale(
     settings: RouterSettings, engine: ConnectingEngine
 ) -> None:
     await first_life(settings, engine)
-    svc = RouterService(settings)
-    await svc.start()
-    try:
-        # Seq 2 (chain 1 evicted) went out while no router listened; seq 3 stores chain 2.
-        await engine.subscribed()
-        await engine.send(3, batch(store_chain(2)))
-
-        async def next_applied() -> bool:
-            return "eng1" in svc.worker_ids() and await hits(svc, "eng1", 2) == 8
-
-        await wait_until(next_applied, what="seq 3 applied by the restarted router")
+    # Seq 2 (chain 1 evicted) went out while no router listened; seq 3 stores chain 2.
+    async with second_life(settings, engine, 3, batch(store_chain(2)), 2, 8) as svc:
         info = await svc.worker_info("eng1")
         # No replay endpoint to fetch seq 2 from: the stale entries go, and the worker
         # says its history is partial (a lower bound) instead of scoring chain 1.
         assert info.partial_history is True
         assert await hits(svc, "eng1", 1) == 0
-    finally:
-        await svc.stop()
