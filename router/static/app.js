@@ -240,7 +240,7 @@ function noteIncidents(w, ts) {
     return;
   }
   if (prev.state !== w.state) {
-    const cls = w.state === "connected" ? "good" : w.state === "disconnected" ? "bad" : "warn";
+    const cls = w.state === "connected" ? "good" : w.state === "disconnected" || w.state === "conflict" ? "bad" : "warn";
     addIncident(ts, `${w.worker_id} ${prev.state} → ${w.state}`, cls);
   }
   const checks = [
