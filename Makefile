@@ -197,7 +197,8 @@ bench-proxy-peers: install peers
 # Routing with real processes (docs/routing.md): kvroute engines + `kvroute serve`'s proxy
 # under concurrent openai chat clients, kv_aware vs round robin vs conversation pinning
 # (and vllm-router's / sglang-router's cache_aware when .venv-peers/ holds them).
-LIVE_COMMON := --conversations 48 --clients 12 --systems 6 --repeats 3
+LIVE_COMMON := --conversations 48 --clients 12 --systems 6 --repeats 3 \
+  --ways kv_aware,kv_aware@few-sessions,round_robin,pinned,vllm-router,sglang-router
 bench-routing-live: install
 	$(BIN)/python benchmarks/routing_live.py $(LIVE_COMMON) --turns 6 --gpu-blocks 128 \
 	  --json benchmarks/results/routing_live_tight.json

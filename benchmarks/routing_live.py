@@ -49,6 +49,13 @@ from router.netutil import free_ports
 from router.proxy.tiny_tokenizer import words
 
 WAYS = ("kv_aware", "round_robin", "pinned")
+# A way through kvroute's proxy may name a route profile: ``kv_aware@few-sessions``.
+ROUTED = ("kv_aware", "round_robin")
+
+
+def policy_of(way: str) -> str:
+    """The policy part of a way (``kv_aware@few-sessions`` -> ``kv_aware``)."""
+    return way.partition("@")[0]
 
 
 def conversations(args: argparse.Namespace) -> list[list[list[dict[str, str]]]]:
@@ -98,7 +105,8 @@ class Fleet:
             for e in self.engines:
                 await wait_http(f"{e}/health")
         front = ports[-1]
-        if self.way in ("kv_aware", "round_robin"):
+        if policy_of(self.way) in ROUTED:
+            profile = self.way.partition("@")[2] or a.route_profile
             self.procs.append(start([
                 sys.executable, "-m", "router.cli", "serve", "--port", str(front),
                 "--tokenizer", str(TOKENIZER), "--log-level", "warning",
@@ -107,7 +115,7 @@ class Fleet:
                 # operator would configure it (route_prefill_tps drains the backlog)
                 "KVROUTE_ROUTE_PREFILL_TPS": str(1e6 / max(a.prefill_us_per_token, 1.0)),
                 **({"KVROUTE_ROUTE_WEIGHTS": a.route_weights} if a.route_weights else {}),
-                **({"KVROUTE_ROUTE_PROFILE": a.route_profile} if a.route_profile else {}),
+                **({"KVROUTE_ROUTE_PROFILE": profile} if profile else {}),
             }))  # fmt: skip
             self.front = f"http://127.0.0.1:{front}"
         elif self.way == "vllm-router":
@@ -125,7 +133,7 @@ class Fleet:
             ], self.tmp / "sglang-router.log"))  # fmt: skip
             self.front = f"http://127.0.0.1:{front}"
         async with httpx.AsyncClient() as c:
-            if self.way in ("kv_aware", "round_robin"):
+            if policy_of(self.way) in ROUTED:
                 await wait_http(f"{self.front}/v1/models")
                 deadline = time.monotonic() + 60
                 while not all(
@@ -175,7 +183,8 @@ async def chat(
     appended to it (when it started, TTFT, prompt and cached tokens, and where the
     router's proxy says it sent it with what estimate)."""
     a, way = fleet.args, fleet.way
-    headers = {"x-kvroute-policy": way} if way in ("kv_aware", "round_robin") else {}
+    routed = policy_of(way) in ROUTED
+    headers = {"x-kvroute-policy": policy_of(way)} if routed else {}
     clients = [
         AsyncOpenAI(base_url=f"{u}/v1", api_key="unused", max_retries=0, timeout=120)
         for u in (fleet.engines if way == "pinned" else [fleet.front])
@@ -281,7 +290,9 @@ async def chat(
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kvroute-routing-live-"))
     convs = conversations(args)
-    ways = [w for w in WAYS if w in args.ways.split(",")]
+    asked = args.ways.split(",")
+    ways = [w for w in WAYS if w in asked]
+    ways += [w for w in asked if "@" in w and policy_of(w) in ROUTED]
     for name in ("vllm_router", "sglang_router"):
         path = getattr(args, name) or str(
             REPO / f".venv-peers/{name.replace('_', '-')}/bin/{name.replace('_', '-')}"

@@ -32,3 +32,10 @@ def test_a_worker_serves_a_conversation_until_its_next_turn_starts() -> None:
     assert peak_sessions(rows) == 2  # conversation 0 still counts on e0 at t=4
     rows[2]["start_s"] = 5.2
     assert peak_sessions(rows) == 1
+
+
+def test_a_way_through_the_proxy_may_name_a_route_profile() -> None:
+    from benchmarks.routing_live import ROUTED, policy_of
+
+    assert policy_of("kv_aware@few-sessions") == "kv_aware" in ROUTED
+    assert policy_of("pinned") == "pinned" and policy_of("vllm-router") not in ROUTED
