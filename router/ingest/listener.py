@@ -69,7 +69,7 @@ class FedSubscription(WorkerSubscription):
         self._last_frame_at = time.monotonic()
         if not self._resumed:  # as a worker's own loop starts: from what a shared index kept
             self._resumed = True
-            await self._resume_from_index()
+            await self._resume()
         await self._maintain()  # as a worker's own loop does between frames
         await self._on_live(frames)
         await self._flush()  # not the writer's: a failed write marks it faulted, repaired

@@ -25,6 +25,26 @@ class LiveVerdictsMixin(RecoveryMixin):
     """Rewinds, joins and gaps of ``WorkerSubscription`` (see the module docstring)."""
 
     _conflict: PublisherConflict  # the subscription's
+    # Resumed from a shared index without a replay endpoint: the first live frame tells
+    # whether the engine restarted while no router listened (``_restarted_while_away``).
+    _first_after_resume = False
+
+    async def _resume(self) -> None:
+        """Resume from what a shared index recorded (``RecoveryMixin``)."""
+        await self._resume_from_index()
+        self._first_after_resume = (
+            self.spec.replay_endpoint is None and self._seq.top_seq is not None
+        )
+
+    async def _restarted_while_away(self, frames: list[bytes]) -> None:
+        """A new connection carries no frames from before it: a first live seq at or below
+        the index's last is the engine starting over while no router listened. (With a
+        replay endpoint the catch-up replay tells it, by the payload's fingerprint, and
+        live frames may repeat what that replay applied.)"""
+        self._first_after_resume = False
+        top = self._seq.top_seq
+        if top is not None and len(frames) == 3 and int.from_bytes(frames[1], "big") <= top:
+            await self._clear("publisher restarted while the router was away")
 
     @property
     def in_conflict(self) -> bool:

@@ -266,7 +266,7 @@ class WorkerSubscription(LiveVerdictsMixin):
             await self._repair()
 
     async def _run(self) -> None:
-        await self._resume_from_index()
+        await self._resume()
         while not self._stopping:
             await self._maintain()
             due = self._catch_up_at
@@ -296,6 +296,8 @@ class WorkerSubscription(LiveVerdictsMixin):
             await asyncio.sleep(0)
 
     async def _on_live(self, frames: list[bytes]) -> None:
+        if self._first_after_resume:
+            await self._restarted_while_away(frames)
         if len(frames) != 3 or len(frames[1]) != 8:
             self._decode_error(f"expected 3 frames [topic, seq(8B), payload], got {len(frames)}")
             return

@@ -230,3 +230,38 @@ async def test_two_routers_keep_one_exact_index_while_each_rebuilds(
     finally:
         for svc in routers:
             await svc.stop()
+
+
+async def test_an_engine_without_replay_that_restarted_while_the_router_was_down(
+    redis_url: str,
+) -> None:
+    """No replay endpoint, so no catch-up replay to notice it: the engine's seqs begin
+    again at 0, below what the index recorded. They used to read as duplicates (dropped)
+    while the old process's entries kept scoring."""
+    engine = FakeEngine(replay=False)
+    try:
+        first = RouterService(settings(redis_url))
+        await first.start()
+        try:
+            await first.add_worker(WorkerSpec(**engine.spec("w0")))
+            await engine.wait_subscribed()
+            await engine.publish(batch(store_chain(0)))
+            await engine.publish(batch(store_chain(1)))
+            await wait_until(lambda: first.subscriptions.get("w0").last_seq.get(0) == 1)  # type: ignore[union-attr]
+        finally:
+            await first.stop()
+        engine.restart_seq()
+        second = RouterService(settings(redis_url))
+        await second.start()
+        try:
+            await engine.wait_subscribed(2)
+            await engine.publish(batch(store_chain(2)))  # seq 0 of the new process
+
+            async def started_over() -> bool:
+                return [await hits(second, "w0", i) for i in range(3)] == [0, 0, 8]
+
+            await wait_until(started_over, what="the old process's entries gone, seq 0 in")
+        finally:
+            await second.stop()
+    finally:
+        await engine.close()

@@ -124,3 +124,17 @@ async def test_a_gap_across_the_restart_clears_what_it_made_stale(
         # says its history is partial (a lower bound) instead of scoring chain 1.
         assert info.partial_history is True
         assert await hits(svc, "eng1", 1) == 0
+
+
+async def test_an_engine_that_restarted_while_no_router_listened_starts_over(
+    settings: RouterSettings, engine: ConnectingEngine
+) -> None:
+    """The engine restarted too: its seqs begin again at 0, at or below what the index
+    recorded. Resumed naively, those frames read as duplicates (dropped) and the old
+    entries kept scoring; a listen worker has no replay to tell, so the first frame after
+    resuming that goes back is the engine starting over."""
+    await first_life(settings, engine)
+    async with second_life(settings, engine, 0, batch(store_chain(5)), 5, 8) as svc:
+        assert [await hits(svc, "eng1", i) for i in (0, 1)] == [0, 0]  # the old process's
+        info = await svc.worker_info("eng1")
+        assert info.partial_history is False and info.last_seq == {"0": 0}
