@@ -11,6 +11,7 @@ mid-stream, and a gap -- each ending in a replay, a resync or a clear
 from __future__ import annotations
 
 import time
+import zlib
 from typing import TYPE_CHECKING
 
 from router.ingest.conflicts import PublisherConflict
@@ -20,30 +21,42 @@ from router.ingest.sequencing import Decision, Verdict
 if TYPE_CHECKING:
     from schemas import KVEventBatch
 
+# How far below the index's last seq a live frame may be and still be one that another
+# router sharing the index applied first (frames in flight while this one resumed).
+RESUME_LEAD = 256
+
 
 class LiveVerdictsMixin(RecoveryMixin):
     """Rewinds, joins and gaps of ``WorkerSubscription`` (see the module docstring)."""
 
     _conflict: PublisherConflict  # the subscription's
-    # Resumed from a shared index without a replay endpoint: the first live frame tells
-    # whether the engine restarted while no router listened (``_restarted_while_away``).
-    _first_after_resume = False
+    # Resumed from a shared index without a replay endpoint: per rank, the (seq,
+    # fingerprint) the index recorded, until a live frame tells whether the engine
+    # restarted while no router listened (``_restarted_while_away``).
+    _resumed_open: dict[int, tuple[int, int]] | None = None
 
     async def _resume(self) -> None:
         """Resume from what a shared index recorded (``RecoveryMixin``)."""
-        await self._resume_from_index()
-        self._first_after_resume = (
-            self.spec.replay_endpoint is None and self._seq.top_seq is not None
-        )
+        persisted = await self._resume_from_index()
+        if self.spec.replay_endpoint is None and persisted:
+            self._resumed_open = dict(persisted)
 
-    async def _restarted_while_away(self, frames: list[bytes]) -> None:
-        """A new connection carries no frames from before it: a first live seq at or below
-        the index's last is the engine starting over while no router listened. (With a
-        replay endpoint the catch-up replay tells it, by the payload's fingerprint, and
-        live frames may repeat what that replay applied.)"""
-        self._first_after_resume = False
-        top = self._seq.top_seq
-        if top is not None and len(frames) == 3 and int.from_bytes(frames[1], "big") <= top:
+    async def _restarted_while_away(self, rank: int, seq: int, payload: bytes) -> None:
+        """Tell an engine that started over while no router listened from one that carried
+        on, without a replay endpoint (with one, the catch-up replay tells it): a live seq
+        far below the rank's recorded one (``RESUME_LEAD``), or that seq itself with
+        another payload, is a new process, and the worker is cleared. Seqs a little below
+        it may be frames another router sharing the index applied first: they stay
+        duplicates until the recorded seq shows which it is."""
+        opened = self._resumed_open
+        if opened is None or rank not in opened:
+            return
+        last, fingerprint = opened[rank]
+        if last - RESUME_LEAD <= seq < last:
+            return  # still open
+        del opened[rank]
+        if seq < last or (seq == last and zlib.crc32(payload) != fingerprint):
+            self._resumed_open = None
             await self._clear("publisher restarted while the router was away")
 
     @property

@@ -80,12 +80,13 @@ class RecoveryMixin:
     async def _apply_if_new(self, seq: int, batch: KVEventBatch, payload: bytes) -> None:
         raise NotImplementedError
 
-    async def _resume_from_index(self) -> None:
+    async def _resume_from_index(self) -> dict[int, tuple[int, int]]:
         """Before anything else: a router restarted on a shared index (Redis) resumes
         where the index says it was -- per rank the last applied seq and its payload's
         fingerprint -- so the catch-up replay applies only what is new and notices a
         publisher that restarted meanwhile. Entries without recorded seqs cannot be
-        matched with the stream: they are cleared and rebuilt."""
+        matched with the stream: they are cleared and rebuilt. Returns what it resumed
+        from: per rank (seq, fingerprint)."""
         persisted = await self._writer.persisted_seqs()
         if persisted:
             for rank, (seq, fingerprint) in persisted.items():
@@ -93,6 +94,7 @@ class RecoveryMixin:
                 self._writer.written[rank] = seq
         elif await self._writer.holds_entries():
             await self._clear("the index holds this worker's entries without their seqs")
+        return persisted
 
     def request_resync(self, why: str) -> None:
         """Clear and rebuild from the publisher's buffer, in this subscription's task."""

@@ -296,8 +296,6 @@ class WorkerSubscription(LiveVerdictsMixin):
             await asyncio.sleep(0)
 
     async def _on_live(self, frames: list[bytes]) -> None:
-        if self._first_after_resume:
-            await self._restarted_while_away(frames)
         if len(frames) != 3 or len(frames[1]) != 8:
             self._decode_error(f"expected 3 frames [topic, seq(8B), payload], got {len(frames)}")
             return
@@ -309,6 +307,8 @@ class WorkerSubscription(LiveVerdictsMixin):
             self._note_undecodable(seq)
             return
         rank = batch.data_parallel_rank or 0
+        if self._resumed_open:
+            await self._restarted_while_away(rank, seq, frames[2])
         decision = self._seq.observe_live(rank, seq)
         verdict = decision.verdict
         if self._refetch is not None:  # fetch it before what follows it is applied

@@ -232,35 +232,72 @@ async def test_two_routers_keep_one_exact_index_while_each_rebuilds(
             await svc.stop()
 
 
+async def first_life_without_replay(redis_url: str, engine: FakeEngine, frames: int) -> None:
+    """A router applies ``frames`` seqs (chain i at seq i) of an engine without a replay
+    endpoint, then stops."""
+    first = RouterService(settings(redis_url))
+    await first.start()
+    try:
+        await first.add_worker(WorkerSpec(**engine.spec("w0")))
+        await engine.wait_subscribed()
+        for i in range(frames):
+            await engine.publish(batch(store_chain(i)))
+        sub = first.subscriptions.get("w0")
+        assert sub is not None
+        await wait_until(lambda: sub.last_seq.get(0) == frames - 1, what="all applied")
+    finally:
+        await first.stop()
+
+
 async def test_an_engine_without_replay_that_restarted_while_the_router_was_down(
     redis_url: str,
 ) -> None:
     """No replay endpoint, so no catch-up replay to notice it: the engine's seqs begin
-    again at 0, below what the index recorded. They used to read as duplicates (dropped)
-    while the old process's entries kept scoring."""
+    again at 0, far below what the index recorded. They used to read as duplicates
+    (dropped) while the old process's entries kept scoring."""
+    from router.ingest.live_verdicts import RESUME_LEAD
+
     engine = FakeEngine(replay=False)
     try:
-        first = RouterService(settings(redis_url))
-        await first.start()
-        try:
-            await first.add_worker(WorkerSpec(**engine.spec("w0")))
-            await engine.wait_subscribed()
-            await engine.publish(batch(store_chain(0)))
-            await engine.publish(batch(store_chain(1)))
-            await wait_until(lambda: first.subscriptions.get("w0").last_seq.get(0) == 1)  # type: ignore[union-attr]
-        finally:
-            await first.stop()
+        await first_life_without_replay(redis_url, engine, RESUME_LEAD + 2)
         engine.restart_seq()
         second = RouterService(settings(redis_url))
         await second.start()
         try:
             await engine.wait_subscribed(2)
-            await engine.publish(batch(store_chain(2)))  # seq 0 of the new process
+            await engine.publish(batch(store_chain(1000)))  # seq 0 of the new process
 
             async def started_over() -> bool:
-                return [await hits(second, "w0", i) for i in range(3)] == [0, 0, 8]
+                return [await hits(second, "w0", i) for i in (0, 1, 1000)] == [0, 0, 8]
 
             await wait_until(started_over, what="the old process's entries gone, seq 0 in")
+        finally:
+            await second.stop()
+    finally:
+        await engine.close()
+
+
+async def test_a_frame_another_router_applied_first_is_not_a_restart(redis_url: str) -> None:
+    """Routers sharing the index: the last recorded batch may reach this one's fresh SUB
+    after another router applied it. Same seq, same payload: a duplicate, nothing
+    cleared."""
+    engine = FakeEngine(replay=False)
+    try:
+        await first_life_without_replay(redis_url, engine, 2)
+        second = RouterService(settings(redis_url))
+        await second.start()
+        try:
+            await engine.wait_subscribed(2)
+            last = engine.buffer[-1]
+            await engine.send_raw([engine.topic, last[0].to_bytes(8, "big"), last[1]])
+            await engine.publish(batch(store_chain(2)))
+
+            async def carried_on() -> bool:
+                return [await hits(second, "w0", i) for i in range(3)] == [8, 8, 8]
+
+            await wait_until(carried_on, what="seq 2 applied over the kept entries")
+            info = await second.worker_info("w0")
+            assert info.resyncs == 0 and info.duplicates == 1
         finally:
             await second.stop()
     finally:

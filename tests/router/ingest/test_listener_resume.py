@@ -83,21 +83,22 @@ async def first_life(settings: RouterSettings, engine: ConnectingEngine) -> None
 
 @contextlib.asynccontextmanager
 async def second_life(
-    settings: RouterSettings, engine: ConnectingEngine, seq: int, b: KVEventBatch,
+    settings: RouterSettings, engine: ConnectingEngine, sent: list[tuple[int, KVEventBatch]],
     chain_id: int, tokens: int,
 ) -> AsyncIterator[RouterService]:  # fmt: skip
-    """A router restarted on the same index, once it has applied ``seq`` (``b``): chain
-    ``chain_id`` then holds ``tokens`` on the listen worker."""
+    """A router restarted on the same index, once it has handled ``sent`` (seq, batch):
+    chain ``chain_id`` then holds ``tokens`` on the listen worker."""
     svc = RouterService(settings)
     await svc.start()
     try:
         await engine.subscribed()
-        await engine.send(seq, b)
+        for seq, b in sent:
+            await engine.send(seq, b)
 
         async def applied() -> bool:
             return "eng1" in svc.worker_ids() and await hits(svc, "eng1", chain_id) == tokens
 
-        await wait_until(applied, what=f"seq {seq} applied by the restarted router")
+        await wait_until(applied, what=f"seqs {sent[0][0]}.. handled by the restarted router")
         yield svc
     finally:
         await svc.stop()
@@ -107,7 +108,7 @@ async def test_the_next_seq_after_a_restart_continues_the_stream(
     settings: RouterSettings, engine: ConnectingEngine
 ) -> None:
     await first_life(settings, engine)
-    async with second_life(settings, engine, 2, batch(removed(chain(0)[0])), 0, 0) as svc:
+    async with second_life(settings, engine, [(2, batch(removed(chain(0)[0])))], 0, 0) as svc:
         info = await svc.worker_info("eng1")
         assert info.partial_history is False and info.resyncs == 0
         assert await hits(svc, "eng1", 1) == 8  # the index's entries carried on
@@ -118,7 +119,7 @@ async def test_a_gap_across_the_restart_clears_what_it_made_stale(
 ) -> None:
     await first_life(settings, engine)
     # Seq 2 (chain 1 evicted) went out while no router listened; seq 3 stores chain 2.
-    async with second_life(settings, engine, 3, batch(store_chain(2)), 2, 8) as svc:
+    async with second_life(settings, engine, [(3, batch(store_chain(2)))], 2, 8) as svc:
         info = await svc.worker_info("eng1")
         # No replay endpoint to fetch seq 2 from: the stale entries go, and the worker
         # says its history is partial (a lower bound) instead of scoring chain 1.
@@ -131,10 +132,14 @@ async def test_an_engine_that_restarted_while_no_router_listened_starts_over(
 ) -> None:
     """The engine restarted too: its seqs begin again at 0, at or below what the index
     recorded. Resumed naively, those frames read as duplicates (dropped) and the old
-    entries kept scoring; a listen worker has no replay to tell, so the first frame after
-    resuming that goes back is the engine starting over."""
+    entries kept scoring. A listen worker has no replay to tell: a seq just below the
+    recorded one could be a frame another router applied first, so the recorded seq
+    decides -- here it arrives with another payload."""
     await first_life(settings, engine)
-    async with second_life(settings, engine, 0, batch(store_chain(5)), 5, 8) as svc:
-        assert [await hits(svc, "eng1", i) for i in (0, 1)] == [0, 0]  # the old process's
+    sent = [(0, batch(store_chain(5))), (1, batch(store_chain(6)))]
+    async with second_life(settings, engine, sent, 6, 8) as svc:
+        # The old process's entries are gone; seq 0 of the new one came before the
+        # evidence and is lost, which the worker says.
+        assert [await hits(svc, "eng1", i) for i in (0, 1, 5)] == [0, 0, 0]
         info = await svc.worker_info("eng1")
-        assert info.partial_history is False and info.last_seq == {"0": 0}
+        assert info.partial_history is True and info.resyncs == 1
