@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from router.bench.charged import ChargedModel
 from router.bench.load import block_keys, shared_lru_hits, time_scale_for, work_seconds
@@ -48,6 +49,9 @@ def parse_floats(text: str) -> tuple[float, ...]:
     return values
 
 
+_N = TypeVar("_N", int, float)
+
+
 def _checked(text: str, value: float, strict: bool) -> None:
     # NaN and infinities compare false or run away: every figure after them is garbage.
     if not math.isfinite(value) or value < 0 or (strict and value == 0):
@@ -55,38 +59,32 @@ def _checked(text: str, value: float, strict: bool) -> None:
         raise argparse.ArgumentTypeError(f"{text!r}: need {kind} {'>' if strict else '>='} 0")
 
 
-def _int(text: str, strict: bool) -> int:
+def _number(text: str, parse: Callable[[str], _N], strict: bool) -> _N:
+    """``text`` parsed by ``int`` or ``float``, refused unless finite and > 0 (``strict``)
+    or >= 0."""
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    _checked(text, value, strict)
-    return value
-
-
-def _float(text: str, strict: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        what = "a whole number" if parse is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
     _checked(text, value, strict)
     return value
 
 
 def positive_int(text: str) -> int:
-    return _int(text, strict=True)
+    return _number(text, int, strict=True)
 
 
 def non_negative_int(text: str) -> int:
-    return _int(text, strict=False)
+    return _number(text, int, strict=False)
 
 
 def positive_float(text: str) -> float:
-    return _float(text, strict=True)
+    return _number(text, float, strict=True)
 
 
 def non_negative_float(text: str) -> float:
-    return _float(text, strict=False)
+    return _number(text, float, strict=False)
 
 
 def _cut(n: int, bounds: tuple[float, float] | None) -> slice:
